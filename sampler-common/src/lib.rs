@@ -1,0 +1,315 @@
+//! The wire contract between pyebpf's eBPF programs and user space.
+//!
+//! Owns: every `#[repr(C)]` type that crosses the kernel/user boundary, map names, map sizes and
+//! counter indices. Nothing here has behaviour beyond constructors and size checks.
+//!
+//! Rules (style guide §3): fixed-width fields, explicit padding, flags as integers (never `bool`),
+//! each event starts with an [`EventHeader`] carrying its kind, addresses are opaque `u64`.
+//! Every type has a compile-time size assertion; user-space round-trip tests live in `tests` below.
+#![no_std]
+
+/// Names of the maps in the eBPF object. User space looks maps up only through these.
+pub mod maps {
+    /// Ring buffer carrying [`super::SampleEvent`] (+ stack bytes) and [`super::ProcEvent`].
+    pub const EVENTS: &str = "EVENTS";
+    /// `BPF_MAP_TYPE_STACK_TRACE` for kernel stacks.
+    pub const KERNEL_STACKS: &str = "KSTACKS";
+    /// `HashMap<u32 pid, u8>`: the pids to sample when [`super::Config::filter_pids`] is set.
+    pub const TARGET_PIDS: &str = "TARGET_PIDS";
+    /// `PerCpuArray<u64>` indexed by [`super::Counter`].
+    pub const COUNTERS: &str = "COUNTERS";
+    /// Name of the `Config` global set at load time.
+    pub const CONFIG: &str = "CONFIG";
+}
+
+/// Program names in the eBPF object.
+pub mod programs {
+    /// perf_event program attached to the CPU clock on every CPU.
+    pub const SAMPLE: &str = "pyebpf_sample";
+    /// `sched/sched_process_exec` tracepoint.
+    pub const EXEC: &str = "pyebpf_exec";
+    /// `sched/sched_process_exit` tracepoint.
+    pub const EXIT: &str = "pyebpf_exit";
+    /// `sched/sched_process_fork` tracepoint (follows children of target pids).
+    pub const FORK: &str = "pyebpf_fork";
+}
+
+/// Number of entries in the kernel stack-trace map.
+pub const KERNEL_STACKS_ENTRIES: u32 = 16 * 1024;
+/// Maximum kernel stack depth (the kernel's `PERF_MAX_STACK_DEPTH` is 127).
+pub const KERNEL_STACK_DEPTH: usize = 127;
+/// Maximum number of pids in [`maps::TARGET_PIDS`].
+pub const TARGET_PIDS_ENTRIES: u32 = 4096;
+/// Default ring buffer size in bytes (power of two multiple of the page size).
+pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
+
+/// Page size used for the page-wise user-stack copy.
+pub const STACK_PAGE: usize = 4096;
+/// Supported user-stack copy sizes. The eBPF program has one constant-size reservation per
+/// class (the verifier needs constant sizes), so the CLI rounds up to one of these.
+pub const STACK_SIZE_CLASSES: [u32; 4] = [8 << 10, 16 << 10, 32 << 10, 64 << 10];
+/// Default user-stack copy size (32 KiB).
+pub const DEFAULT_STACK_BYTES: u32 = 32 << 10;
+
+/// Configuration written into the eBPF object's `CONFIG` global before load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// 1: sample only pids in `TARGET_PIDS`; 0: every process but the idle task.
+    pub filter_pids: u32,
+    /// 1: `sched_process_fork` adds children of target pids to `TARGET_PIDS`.
+    pub follow_children: u32,
+    /// 0: no user stack copy; otherwise one of [`STACK_SIZE_CLASSES`].
+    pub stack_bytes: u32,
+    /// 1: collect kernel stack ids.
+    pub kernel_stacks: u32,
+    /// pid of the profiler itself (never sampled), 0 for none.
+    pub self_pid: u32,
+    /// Explicit padding to a multiple of 8 bytes.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 24);
+
+/// Kinds of events in the `EVENTS` ring buffer.
+pub mod event_kind {
+    /// [`super::SampleEvent`], followed by its stack bytes when `stack_cap > 0`.
+    pub const SAMPLE: u32 = 1;
+    /// [`super::ProcEvent`]: a process called `execve`.
+    pub const EXEC: u32 = 2;
+    /// [`super::ProcEvent`]: a thread-group leader exited.
+    pub const EXIT: u32 = 3;
+    /// [`super::ProcEvent`]: a target process forked a child that is now a target too.
+    pub const FORK: u32 = 4;
+}
+
+/// First field of every event in the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// One of [`event_kind`].
+    pub kind: u32,
+    /// Flags, per kind ([`sample_flags`] for samples).
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<EventHeader>() == 8);
+
+/// Flags of a [`SampleEvent`].
+pub mod sample_flags {
+    /// The sample interrupted user mode; registers came from the perf context.
+    pub const USER_MODE: u32 = 1 << 0;
+    /// The sample interrupted kernel mode; user registers came from the task's `pt_regs`.
+    pub const REGS_FROM_TASK: u32 = 1 << 1;
+    /// No user registers could be read (kernel thread, or `pt_regs` unavailable).
+    pub const NO_USER_REGS: u32 = 1 << 2;
+    /// The user-stack copy stopped early at a fault (normal: the stack's top page was reached).
+    pub const STACK_SHORT: u32 = 1 << 3;
+    /// The task is a kernel thread (no user address space).
+    pub const KERNEL_THREAD: u32 = 1 << 4;
+}
+
+/// User-mode registers needed to start an unwind (x86-64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    /// Instruction pointer (`rip`).
+    pub ip: u64,
+    /// Stack pointer (`rsp`).
+    pub sp: u64,
+    /// Frame pointer (`rbp`).
+    pub bp: u64,
+}
+const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
+
+/// One CPU-clock sample. When `stack_cap > 0` it is immediately followed, in the same ring
+/// buffer record, by `stack_cap` bytes of which the first `stack_len` hold the user stack from
+/// address `stack_base` upward.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleEvent {
+    /// `kind == event_kind::SAMPLE`.
+    pub header: EventHeader,
+    /// `bpf_ktime_get_ns()` at the sample.
+    pub time_ns: u64,
+    /// Thread-group id (the process id, as the host sees it).
+    pub pid: u32,
+    /// Thread id (host view).
+    pub tid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// Kernel stack id in `KSTACKS`, or a negative errno (`-14` for user-mode samples).
+    pub kernel_stack_id: i32,
+    /// User registers at the sample (see [`sample_flags`] for their origin).
+    pub regs: UserRegs,
+    /// User address of the first copied stack byte (page-aligned start of the page holding `sp`).
+    pub stack_base: u64,
+    /// Number of valid bytes of the copy.
+    pub stack_len: u32,
+    /// Number of stack bytes that follow this struct in the record (0, or a size class).
+    pub stack_cap: u32,
+    /// `bpf_get_current_comm()` (thread name, NUL-padded).
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<SampleEvent>() == 104);
+
+/// A process life-cycle event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcEvent {
+    /// `kind` is `EXEC`, `EXIT` or `FORK`.
+    pub header: EventHeader,
+    /// `bpf_ktime_get_ns()`.
+    pub time_ns: u64,
+    /// The process (for `FORK`: the child).
+    pub pid: u32,
+    /// For `FORK`: the parent process; otherwise 0.
+    pub parent_pid: u32,
+    /// `comm` at the event.
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<ProcEvent>() == 40);
+
+/// Per-CPU counters in `COUNTERS`. Values are indices.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// perf-event program runs (all samples, before filtering).
+    Runs = 0,
+    /// Samples of the idle task, dropped in the kernel.
+    Idle = 1,
+    /// Samples of pids outside the `-p` filter, dropped in the kernel.
+    Filtered = 2,
+    /// Samples sent to user space.
+    Sent = 3,
+    /// Samples lost: the ring buffer had no room.
+    LostSamples = 4,
+    /// Process events lost: the ring buffer had no room.
+    LostProcEvents = 5,
+    /// Kernel-mode samples whose task `pt_regs` could not be read.
+    NoUserRegs = 6,
+    /// `get_stackid` failed with something other than `-EFAULT` (user-mode sample).
+    KernelStackErrors = 7,
+    /// User-stack copies whose first page faulted (nothing copied).
+    StackCopyEmpty = 8,
+    /// Samples of the profiler itself, dropped in the kernel.
+    SelfSamples = 9,
+}
+
+/// Number of counters (length of the `COUNTERS` array).
+pub const COUNTERS_LEN: u32 = 10;
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; COUNTERS_LEN as usize] = [
+        Counter::Runs,
+        Counter::Idle,
+        Counter::Filtered,
+        Counter::Sent,
+        Counter::LostSamples,
+        Counter::LostProcEvents,
+        Counter::NoUserRegs,
+        Counter::KernelStackErrors,
+        Counter::StackCopyEmpty,
+        Counter::SelfSamples,
+    ];
+
+    /// Short, stable name for summaries.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::Runs => "runs",
+            Counter::Idle => "idle",
+            Counter::Filtered => "filtered",
+            Counter::Sent => "sent",
+            Counter::LostSamples => "lost_samples",
+            Counter::LostProcEvents => "lost_proc_events",
+            Counter::NoUserRegs => "no_user_regs",
+            Counter::KernelStackErrors => "kernel_stack_errors",
+            Counter::StackCopyEmpty => "stack_copy_empty",
+            Counter::SelfSamples => "self_samples",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are `#[repr(C)]`, `Copy`, contain only integers and byte arrays, and have no
+    // implicit padding (checked by the size assertions above).
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::UserRegs {}
+    unsafe impl aya::Pod for super::SampleEvent {}
+    unsafe impl aya::Pod for super::ProcEvent {}
+}
+
+/// Decode a `T` from the start of `bytes` (user side). `None` if too short.
+///
+/// The ring buffer gives byte slices with no alignment guarantee for our types, so this copies
+/// with an unaligned read.
+#[cfg(feature = "user")]
+pub fn decode<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < core::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; `T: Pod` is valid for any bit pattern.
+    Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// View a `T` as its bytes (user side, tests and map writes).
+#[cfg(feature = "user")]
+pub fn encode<T: aya::Pod>(value: &T) -> &[u8] {
+    // SAFETY: `T: Pod` has no padding and is valid to read as bytes.
+    unsafe {
+        core::slice::from_raw_parts(core::ptr::from_ref(value).cast::<u8>(), core::mem::size_of::<T>())
+    }
+}
+
+#[cfg(all(test, feature = "user"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_event_round_trips() {
+        let ev = SampleEvent {
+            header: EventHeader { kind: event_kind::SAMPLE, flags: sample_flags::USER_MODE },
+            time_ns: 123,
+            pid: 4,
+            tid: 5,
+            cpu: 1,
+            kernel_stack_id: -14,
+            regs: UserRegs { ip: 0xdead, sp: 0x7ff0, bp: 0 },
+            stack_base: 0x7000,
+            stack_len: 4096,
+            stack_cap: 32768,
+            comm: *b"python3\0\0\0\0\0\0\0\0\0",
+        };
+        let bytes = encode(&ev);
+        assert_eq!(bytes.len(), 104);
+        assert_eq!(decode::<SampleEvent>(bytes), Some(ev));
+        assert_eq!(decode::<SampleEvent>(&bytes[..100]), None);
+    }
+
+    #[test]
+    fn proc_event_round_trips() {
+        let ev = ProcEvent {
+            header: EventHeader { kind: event_kind::FORK, flags: 0 },
+            time_ns: 9,
+            pid: 10,
+            parent_pid: 11,
+            comm: [b'x'; 16],
+        };
+        assert_eq!(decode::<ProcEvent>(encode(&ev)), Some(ev));
+    }
+
+    #[test]
+    fn header_is_first() {
+        let ev = ProcEvent { header: EventHeader { kind: event_kind::EXIT, flags: 7 }, ..Default::default() };
+        let h = decode::<EventHeader>(encode(&ev)).unwrap();
+        assert_eq!(h.kind, event_kind::EXIT);
+        assert_eq!(h.flags, 7);
+    }
+
+    #[test]
+    fn counters_are_dense() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+}

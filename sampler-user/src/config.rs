@@ -1,0 +1,1 @@
+//! Validated configuration (being built).

@@ -1,0 +1,27 @@
+//! pyebpf: a host-wide sampling profiler for Python.
+//!
+//! The data path, one module per stage (each passes one named type to the next):
+//!
+//! `collect` (eBPF load, perf events, ring buffer → [`collect::Event`])
+//! → `procs` (process registry: comm, exe, mappings, containers)
+//! → `python` (CPython reader from `_Py_DebugOffsets` → Python stacks)
+//! → `unwind` (framehop over copied user stacks → native return addresses)
+//! → `symbolize` (blazesym, cached per file → names)
+//! → `merge` (native + Python frames)
+//! → `profile` (interned stacks with per-sample metadata)
+//! → `output` (flame graph, collapsed, speedscope).
+//!
+//! `record` drives the stages for the `record` command; `config` turns CLI flags into a
+//! validated [`config::RecordConfig`]. The library never imports clap.
+
+pub mod collect;
+pub mod config;
+pub mod merge;
+pub mod output;
+pub mod preflight;
+pub mod procs;
+pub mod profile;
+pub mod python;
+pub mod record;
+pub mod symbolize;
+pub mod unwind;

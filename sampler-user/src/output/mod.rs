@@ -1,0 +1,1 @@
+//! output stage (being built).

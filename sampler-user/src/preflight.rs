@@ -1,0 +1,1 @@
+//! Pre-flight checks (being built).

@@ -1,0 +1,1 @@
+//! procs stage (being built).

@@ -1,0 +1,1 @@
+//! python stage (being built).

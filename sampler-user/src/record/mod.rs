@@ -1,0 +1,1 @@
+//! record stage (being built).

@@ -1,0 +1,1 @@
+//! symbolize stage (being built).

@@ -1,0 +1,1 @@
+//! unwind stage (being built).
