@@ -1,0 +1,197 @@
+//! Shared helpers of the end-to-end tests: the binary under test, the interpreter manifest,
+//! the prerequisite policy (fail under CI, loud skip elsewhere), and process handling.
+#![allow(dead_code, reason = "helpers are shared by several test modules")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether we run under CI (`CI=true`): missing prerequisites are failures there.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A prerequisite is missing: panic under CI, otherwise print a loud skip line.
+/// Returns `false` so callers can `if !require(..) { return; }`.
+pub fn missing(what: &str) -> bool {
+    assert!(!in_ci(), "prerequisite missing under CI=true: {what}");
+    eprintln!("SKIPPED: {what} (set up with `cargo xtask setup --interpreters`, run as root)");
+    false
+}
+
+/// True when running as root (euid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Requires root; see [`missing`].
+pub fn require_root() -> bool {
+    is_root() || missing("these tests need root (eBPF, /proc of other processes)")
+}
+
+/// The `pyebpf` binary under test.
+pub fn pyebpf_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PYEBPF_BIN") {
+        return PathBuf::from(p);
+    }
+    // Fallback for `cargo test -p integration-tests` run by hand after a debug build.
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/pyebpf");
+    assert!(p.exists(), "PYEBPF_BIN not set and {} missing: run `cargo xtask test`", p.display());
+    p
+}
+
+/// `pyebpf ARGS…` as a command (stdin closed).
+pub fn pyebpf(args: &[&str]) -> Command {
+    let mut c = Command::new(pyebpf_bin());
+    c.args(args).stdin(Stdio::null());
+    c
+}
+
+/// Where the test interpreters live.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("PYEBPF_TEST_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/pyebpf-test"), PathBuf::from)
+}
+
+/// One entry of `interpreters.json`, written by `cargo xtask setup`.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// "3.12", "3.13", "3.13t", "3.13t-static", "3.14", "3.15".
+    pub name: String,
+    /// Path of the interpreter (inside `root` when `root` is set).
+    pub python: String,
+    /// Root directory to chroot into, for the Debian sid interpreters.
+    pub root: Option<PathBuf>,
+    /// Full version, e.g. "3.13.0".
+    pub version: String,
+    pub free_threaded: bool,
+}
+
+impl Interpreter {
+    /// Host path of a file that the interpreter sees at `inner` (identity without a root).
+    pub fn host_path(&self, inner: &str) -> PathBuf {
+        match &self.root {
+            Some(r) => r.join(inner.trim_start_matches('/')),
+            None => PathBuf::from(inner),
+        }
+    }
+
+    /// Copies a workload script to a place this interpreter can read; returns its path as the
+    /// interpreter sees it.
+    pub fn install_script(&self, src: &Path) -> String {
+        let name = src.file_name().unwrap().to_str().unwrap();
+        let inner = format!("/tmp/pyebpf-e2e/{name}");
+        let host = self.host_path(&inner);
+        std::fs::create_dir_all(host.parent().unwrap()).unwrap();
+        std::fs::copy(src, &host).unwrap_or_else(|e| panic!("copy {} → {}: {e}", src.display(), host.display()));
+        inner
+    }
+
+    /// A command running this interpreter with `args` (chrooted when it has a root).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = match &self.root {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg(&self.python);
+                c
+            }
+            None => Command::new(&self.python),
+        };
+        c.args(args).stdin(Stdio::null());
+        c
+    }
+}
+
+/// Reads the manifest; `None` (after [`missing`]) when it is absent.
+pub fn interpreters() -> Option<Vec<Interpreter>> {
+    let path = cache_dir().join("interpreters.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        missing(&format!("no interpreter manifest at {}", path.display()));
+        return None;
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).expect("interpreters.json is not JSON");
+    let list = v.as_array().expect("interpreters.json: not an array");
+    Some(
+        list.iter()
+            .map(|e| Interpreter {
+                name: e["name"].as_str().unwrap().to_string(),
+                python: e["python"].as_str().unwrap().to_string(),
+                root: e["root"].as_str().map(PathBuf::from),
+                version: e["version"].as_str().unwrap_or("").to_string(),
+                free_threaded: e["free_threaded"].as_bool().unwrap_or(false),
+            })
+            .collect(),
+    )
+}
+
+/// The interpreter called `name`, or `None` after [`missing`].
+pub fn interpreter(name: &str) -> Option<Interpreter> {
+    let all = interpreters()?;
+    let found = all.into_iter().find(|i| i.name == name);
+    if found.is_none() {
+        missing(&format!("interpreter {name} not in the manifest"));
+    }
+    found
+}
+
+/// Path of a file under `tests/workloads/`.
+pub fn workload(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads").join(rel)
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct Guard(pub Child);
+
+impl Guard {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `cmd` and waits until `ready` holds (polling), up to `timeout`.
+pub fn spawn_until(cmd: &mut Command, timeout: Duration, ready: impl Fn(u32) -> bool) -> Guard {
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let g = Guard(child);
+    let t0 = Instant::now();
+    while !ready(g.pid()) {
+        assert!(t0.elapsed() < timeout, "workload {cmd:?} not ready after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    g
+}
+
+/// Compiles a C workload with `gcc -O2 -fomit-frame-pointer` into a temp dir; returns the binary.
+pub fn build_c(rel: &str, extra: &[&str]) -> PathBuf {
+    let src = workload(rel);
+    let dir = std::env::temp_dir().join(format!("pyebpf-e2e-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(src.file_stem().unwrap());
+    let st = Command::new("gcc")
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("gcc not found");
+    assert!(st.success(), "gcc failed on {}", src.display());
+    out
+}
+
+/// Runs a command to completion, returning its output (stdout/stderr captured).
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
+}
+
+/// The utf-8 text of a byte buffer (lossy), for assertion messages.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
