@@ -1,0 +1,128 @@
+//! Acceptance 7: GIL state per thread. On GIL builds a thread spinning in Python holds the GIL
+//! (in most dumps: the reads race with GIL switches) and a thread blocked in C with the GIL released
+//! never does; on 3.13t with the GIL disabled every thread is "no_gil"; with `PYTHON_GIL=1` the
+//! spinning thread holds it.
+
+use serde_json::Value;
+
+use super::support::{Launch, Workload, dump_json, setup, thread};
+
+/// Dumps per GIL test; the spinning thread must hold the GIL in a strict majority of them.
+const GIL_DUMPS: usize = 7;
+
+fn gil_of(dump: &Value, name: &str) -> String {
+    thread(dump, name)["gil"].as_str().unwrap().to_string()
+}
+
+/// A GIL build (or 3.13t with `PYTHON_GIL=1`): spinner mostly "holds", blocked always
+/// "does_not_hold", nothing "no_gil"/"unknown".
+fn gil_holder(name: &str, env: &[(&str, &str)]) {
+    let Some(interp) = setup(name) else { return };
+    let w = Workload::start(&interp, "gil.py", "gil.py", &[], env, Launch::Plain);
+    assert_eq!(
+        w.ready["gil_enabled"], true,
+        "{name} {env:?}: the workload runs without a GIL"
+    );
+    let mut holds = 0;
+    let mut seen = Vec::new();
+    for _ in 0..GIL_DUMPS {
+        let dump = dump_json(w.pid);
+        assert_eq!(
+            dump["python"]["gil_enabled"], true,
+            "python: {}",
+            dump["python"]
+        );
+        assert_eq!(
+            dump["python"]["free_threaded"], interp.free_threaded,
+            "python: {}",
+            dump["python"]
+        );
+        let spinner = gil_of(&dump, "spinner");
+        let blocked = gil_of(&dump, "blocked");
+        assert_eq!(
+            blocked,
+            "does_not_hold",
+            "{name}: thread blocked in Event.wait: {}",
+            thread(&dump, "blocked")
+        );
+        assert!(
+            spinner == "holds" || spinner == "does_not_hold",
+            "{name}: spinning thread: gil {spinner:?} on a build with the GIL enabled"
+        );
+        let holders: Vec<&str> = dump["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["gil"] == "holds")
+            .map(|t| t["name"].as_str().unwrap_or("<null>"))
+            .collect();
+        assert!(
+            holders.len() <= 1,
+            "{name}: several GIL holders {holders:?}"
+        );
+        holds += usize::from(spinner == "holds");
+        seen.push(spinner);
+    }
+    assert!(
+        holds * 2 > GIL_DUMPS,
+        "{name}: the spinning thread held the GIL in {holds}/{GIL_DUMPS} dumps: {seen:?}"
+    );
+}
+
+#[test]
+fn gil_holder_3_12() {
+    gil_holder("3.12", &[]);
+}
+
+#[test]
+fn gil_holder_3_13() {
+    gil_holder("3.13", &[]);
+}
+
+#[test]
+fn gil_holder_3_14() {
+    gil_holder("3.14", &[]);
+}
+
+#[test]
+fn gil_holder_3_13t_gil_enabled() {
+    gil_holder("3.13t", &[("PYTHON_GIL", "1")]);
+}
+
+/// 3.13t with the GIL disabled: "no_gil" for every thread, `gil_enabled: false`.
+#[test]
+fn gil_disabled_3_13t() {
+    let Some(interp) = setup("3.13t") else { return };
+    let w = Workload::start(
+        &interp,
+        "gil.py",
+        "gil.py",
+        &[],
+        &[("PYTHON_GIL", "0")],
+        Launch::Plain,
+    );
+    assert_eq!(
+        w.ready["gil_enabled"], false,
+        "3.13t with PYTHON_GIL=0 runs with a GIL"
+    );
+    for _ in 0..3 {
+        let dump = dump_json(w.pid);
+        assert_eq!(
+            dump["python"]["gil_enabled"], false,
+            "python: {}",
+            dump["python"]
+        );
+        assert_eq!(
+            dump["python"]["free_threaded"], true,
+            "python: {}",
+            dump["python"]
+        );
+        for t in dump["threads"].as_array().unwrap() {
+            assert_eq!(
+                t["gil"], "no_gil",
+                "thread {} of 3.13t without GIL",
+                t["name"]
+            );
+        }
+    }
+}
