@@ -1,1 +1,248 @@
-//! Validated configuration (being built).
+//! Validated configuration of the `record` command.
+//!
+//! Owns: turning the raw request (built by `main` from clap's parse) into a [`RecordConfig`],
+//! checking everything a user can get wrong *before* sampling starts: no such pid, an output
+//! file that cannot be written, a rate or stack size out of range. Each failure is a
+//! [`ConfigError`] whose message is one clear line. The library never imports clap.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sampler_common::{DEFAULT_STACK_BYTES, STACK_SIZE_CLASSES};
+
+use crate::output::{self, Format};
+
+/// What to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Every process on the host (`--all`).
+    All,
+    /// These processes (`-p PID`, repeatable) and, with `--subprocesses`, their children.
+    Pids(Vec<u32>),
+    /// Start this command and profile it and its children (`-- cmd args`).
+    Command(Vec<String>),
+}
+
+/// The raw `record` request, as the CLI parsed it.
+#[derive(Clone, Debug, Default)]
+pub struct RecordRequest {
+    /// `--all`.
+    pub all: bool,
+    /// `-p/--pid`.
+    pub pids: Vec<u32>,
+    /// Command after `--`.
+    pub command: Vec<String>,
+    /// `-d/--duration` in seconds (`None`: until Ctrl-C, or until the command exits).
+    pub duration_s: Option<f64>,
+    /// `-r/--rate` in Hz.
+    pub rate_hz: u64,
+    /// `-o/--output`.
+    pub output: Option<PathBuf>,
+    /// `-f/--format`.
+    pub format: Option<String>,
+    /// `--native`.
+    pub native: bool,
+    /// `--kernel`.
+    pub kernel: bool,
+    /// `--threads`.
+    pub threads: bool,
+    /// `--subprocesses` (for `-p`).
+    pub subprocesses: bool,
+    /// `--stack-size` in bytes.
+    pub stack_bytes: Option<u32>,
+    /// Show a progress line (stderr is a terminal and not `--quiet`).
+    pub progress: bool,
+}
+
+/// A validated `record` configuration.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    /// What to profile.
+    pub target: Target,
+    /// How long to sample; `None` until Ctrl-C (or the command's exit).
+    pub duration: Option<Duration>,
+    /// Samples per second per CPU.
+    pub rate_hz: u64,
+    /// Where to write the output.
+    pub output: PathBuf,
+    /// Output format.
+    pub format: Format,
+    /// Unwind native user stacks.
+    pub native: bool,
+    /// Add kernel frames.
+    pub kernel: bool,
+    /// Add a thread level under each process.
+    pub threads: bool,
+    /// Follow children of `-p` targets.
+    pub subprocesses: bool,
+    /// User-stack bytes copied per sample (0 without `--native`).
+    pub stack_bytes: u32,
+    /// Show a progress line.
+    pub progress: bool,
+}
+
+/// A user error found before sampling.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Neither `--all`, `-p` nor a command.
+    #[error("nothing to profile: give --all, -p PID or -- COMMAND")]
+    NoTarget,
+    /// More than one target kind.
+    #[error("give only one of --all, -p PID and -- COMMAND")]
+    ConflictingTargets,
+    /// `-p` names a process that does not exist.
+    #[error("no such process: {pid}")]
+    NoSuchPid {
+        /// The pid.
+        pid: u32,
+    },
+    /// Rate out of range.
+    #[error("invalid rate {rate} Hz: choose 1 to 10000")]
+    BadRate {
+        /// The rate asked for.
+        rate: u64,
+    },
+    /// Duration not positive.
+    #[error("invalid duration {secs} s: must be positive")]
+    BadDuration {
+        /// The duration asked for.
+        secs: f64,
+    },
+    /// Stack size out of range.
+    #[error("invalid --stack-size {bytes}: choose up to {max} bytes", max = STACK_SIZE_CLASSES[STACK_SIZE_CLASSES.len() - 1])]
+    BadStackSize {
+        /// The size asked for.
+        bytes: u32,
+    },
+    /// Unknown `-f` value.
+    #[error("unknown format '{name}': use flamegraph, collapsed or speedscope")]
+    BadFormat {
+        /// The name given.
+        name: String,
+    },
+    /// The output cannot be written.
+    #[error("cannot write output file {}: {source}", path.display())]
+    Output {
+        /// The output path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl RecordConfig {
+    /// Validates a request. `now` names the default output file (`pyebpf-<now>.<ext>`).
+    pub fn new(req: RecordRequest, now: &str) -> Result<Self, ConfigError> {
+        let kinds = usize::from(req.all) + usize::from(!req.pids.is_empty()) + usize::from(!req.command.is_empty());
+        let target = match kinds {
+            0 => return Err(ConfigError::NoTarget),
+            1 if req.all => Target::All,
+            1 if !req.pids.is_empty() => Target::Pids(req.pids.clone()),
+            1 => Target::Command(req.command.clone()),
+            _ => return Err(ConfigError::ConflictingTargets),
+        };
+        if let Target::Pids(pids) = &target {
+            for &pid in pids {
+                if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+                    return Err(ConfigError::NoSuchPid { pid });
+                }
+            }
+        }
+        if !(1..=10_000).contains(&req.rate_hz) {
+            return Err(ConfigError::BadRate { rate: req.rate_hz });
+        }
+        let duration = match req.duration_s {
+            Some(s) if !(s > 0.0 && s.is_finite()) => return Err(ConfigError::BadDuration { secs: s }),
+            Some(s) => Some(Duration::from_secs_f64(s)),
+            None => None,
+        };
+        let stack_bytes = if req.native {
+            let want = req.stack_bytes.unwrap_or(DEFAULT_STACK_BYTES);
+            *STACK_SIZE_CLASSES
+                .iter()
+                .find(|&&c| c >= want)
+                .ok_or(ConfigError::BadStackSize { bytes: want })?
+        } else {
+            0
+        };
+        let format = match (&req.format, &req.output) {
+            (Some(name), _) => Format::from_name(name).ok_or_else(|| ConfigError::BadFormat { name: name.clone() })?,
+            (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
+            (None, None) => Format::Flamegraph,
+        };
+        let output = req
+            .output
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("pyebpf-{now}.{}", format.extension())));
+        output::check_writable(&output).map_err(|source| ConfigError::Output { path: output.clone(), source })?;
+        Ok(RecordConfig {
+            target,
+            duration,
+            rate_hz: req.rate_hz,
+            output,
+            format,
+            native: req.native,
+            kernel: req.kernel,
+            threads: req.threads,
+            subprocesses: req.subprocesses,
+            stack_bytes,
+            progress: req.progress,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> RecordRequest {
+        RecordRequest {
+            all: true,
+            rate_hz: 99,
+            output: Some(std::env::temp_dir().join("pyebpf-config-test.svg")),
+            ..RecordRequest::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = RecordConfig::new(req(), "x").unwrap();
+        assert_eq!(c.target, Target::All);
+        assert_eq!(c.format, Format::Flamegraph);
+        assert_eq!(c.stack_bytes, 0);
+        let c = RecordConfig::new(RecordRequest { native: true, ..req() }, "x").unwrap();
+        assert_eq!(c.stack_bytes, DEFAULT_STACK_BYTES);
+        let c = RecordConfig::new(RecordRequest { native: true, stack_bytes: Some(9000), ..req() }, "x").unwrap();
+        assert_eq!(c.stack_bytes, 16 << 10);
+    }
+
+    #[test]
+    fn user_errors() {
+        assert!(matches!(RecordConfig::new(RecordRequest { all: false, ..req() }, "x"), Err(ConfigError::NoTarget)));
+        assert!(matches!(
+            RecordConfig::new(RecordRequest { pids: vec![1], ..req() }, "x"),
+            Err(ConfigError::ConflictingTargets)
+        ));
+        assert!(matches!(
+            RecordConfig::new(RecordRequest { all: false, pids: vec![u32::MAX - 1], ..req() }, "x"),
+            Err(ConfigError::NoSuchPid { .. })
+        ));
+        assert!(matches!(RecordConfig::new(RecordRequest { rate_hz: 0, ..req() }, "x"), Err(ConfigError::BadRate { .. })));
+        assert!(matches!(
+            RecordConfig::new(RecordRequest { output: Some("/nonexistent-pyebpf/x.svg".into()), ..req() }, "x"),
+            Err(ConfigError::Output { .. })
+        ));
+        assert!(matches!(
+            RecordConfig::new(RecordRequest { format: Some("xml".into()), ..req() }, "x"),
+            Err(ConfigError::BadFormat { .. })
+        ));
+        let e = RecordConfig::new(RecordRequest { native: true, stack_bytes: Some(1 << 20), ..req() }, "x").unwrap_err();
+        assert!(e.to_string().contains("--stack-size"));
+    }
+
+    #[test]
+    fn format_from_extension() {
+        let c = RecordConfig::new(RecordRequest { output: Some(std::env::temp_dir().join("a.txt")), ..req() }, "x").unwrap();
+        assert_eq!(c.format, Format::Collapsed);
+    }
+}

@@ -7,7 +7,6 @@
 //! → `python` (CPython reader from `_Py_DebugOffsets` → Python stacks)
 //! → `unwind` (framehop over copied user stacks → native return addresses)
 //! → `symbolize` (blazesym, cached per file → names)
-//! → `merge` (native + Python frames)
 //! → `profile` (interned stacks with per-sample metadata)
 //! → `output` (flame graph, collapsed, speedscope).
 //!
@@ -16,7 +15,6 @@
 
 pub mod collect;
 pub mod config;
-pub mod merge;
 pub mod output;
 pub mod preflight;
 pub mod procs;

@@ -1,1 +1,268 @@
-//! profile stage (being built).
+//! The profile model: interned frames and stacks plus per-sample metadata.
+//!
+//! Owns: [`Profile`]. Input: fully resolved stacks (root first) and the sample's metadata from
+//! `record`. Output: read-only views for every output format (`output`), and later `report`,
+//! pprof and the saved file — all render from this one model, so their counts agree.
+//!
+//! Frames and stacks are interned: a sample costs one stack id plus a few integers. Interning
+//! happens once per unique stack; names are never recomputed per sample.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// What a frame stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameKind {
+    /// The synthetic root `comm (pid)` of every sample.
+    Process,
+    /// The synthetic `name (tid)` level added by `--threads`.
+    Thread,
+    /// A Python function.
+    Python,
+    /// A native user-space function.
+    Native,
+    /// A kernel function.
+    Kernel,
+    /// A marker such as `[truncated]` or `[unknown]`.
+    Marker,
+}
+
+/// One frame, as every output shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Kind of frame.
+    pub kind: FrameKind,
+    /// Function (or process / thread / marker) name.
+    pub name: Arc<str>,
+    /// Module (file basename) for native and kernel frames.
+    pub module: Option<Arc<str>>,
+    /// Source file, when known.
+    pub file: Option<Arc<str>>,
+    /// Source line, when known.
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    /// A frame with only a kind and a name.
+    pub fn new(kind: FrameKind, name: impl Into<Arc<str>>) -> Self {
+        Frame { kind, name: name.into(), module: None, file: None, line: None }
+    }
+
+    /// The label used in flame graphs and folded stacks: `function (file:line)` for Python,
+    /// `name_[k]` for kernel frames (the FlameGraph convention that colours them), else the name.
+    pub fn label(&self) -> String {
+        match (self.kind, &self.file, self.line) {
+            (FrameKind::Python, Some(f), Some(l)) => format!("{} ({f}:{l})", self.name),
+            (FrameKind::Python, Some(f), None) => format!("{} ({f})", self.name),
+            (FrameKind::Kernel, ..) => format!("{}_[k]", self.name),
+            _ => self.name.to_string(),
+        }
+    }
+}
+
+/// Index of a frame in [`Profile::frames`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameId(pub u32);
+
+/// Index of a stack in [`Profile::stacks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+/// One sample: its stack and who/where/when.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Interned stack, root first.
+    pub stack: StackId,
+    /// Kernel monotonic time of the sample, in ns.
+    pub time_ns: u64,
+    /// Process id (host view).
+    pub pid: u32,
+    /// Thread id (host view).
+    pub tid: u32,
+    /// CPU.
+    pub cpu: u32,
+    /// Process name.
+    pub comm: Arc<str>,
+    /// Thread name (the OS thread name, or the Python `threading` name where known).
+    pub thread_name: Arc<str>,
+}
+
+/// Run metadata that every output can show.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RunMeta {
+    /// Host name.
+    pub host: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Wall-clock start, seconds since the Unix epoch.
+    pub start_unix_s: u64,
+    /// Duration of sampling, in seconds.
+    pub duration_s: f64,
+    /// Sampling rate per CPU, in Hz.
+    pub rate_hz: u64,
+    /// Online CPUs sampled.
+    pub cpus: usize,
+    /// The profiler's command line.
+    pub command_line: Vec<String>,
+    /// Samples lost in the kernel (ring buffer full).
+    pub lost_samples: u64,
+    /// Errors by kind (counted, never silent).
+    pub errors: BTreeMap<String, u64>,
+}
+
+/// Interned stacks with per-sample metadata.
+#[derive(Debug, Default)]
+pub struct Profile {
+    frames: Vec<Frame>,
+    frame_ids: HashMap<Frame, FrameId>,
+    stacks: Vec<Box<[FrameId]>>,
+    stack_ids: HashMap<Box<[FrameId]>, StackId>,
+    samples: Vec<Sample>,
+    /// Run metadata.
+    pub meta: RunMeta,
+}
+
+impl Profile {
+    /// An empty profile.
+    pub fn new(meta: RunMeta) -> Self {
+        Profile { meta, ..Profile::default() }
+    }
+
+    /// Interns a frame.
+    pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
+        if let Some(id) = self.frame_ids.get(&frame) {
+            return *id;
+        }
+        let id = FrameId(u32::try_from(self.frames.len()).expect("more than 4G unique frames"));
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        id
+    }
+
+    /// Interns a stack given root first.
+    pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
+        if let Some(id) = self.stack_ids.get(frames) {
+            return *id;
+        }
+        let id = StackId(u32::try_from(self.stacks.len()).expect("more than 4G unique stacks"));
+        let boxed: Box<[FrameId]> = frames.into();
+        self.stacks.push(boxed.clone());
+        self.stack_ids.insert(boxed, id);
+        id
+    }
+
+    /// Adds a sample.
+    pub fn add_sample(&mut self, sample: Sample) {
+        self.samples.push(sample);
+    }
+
+    /// All samples in arrival order.
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// The frame behind an id.
+    pub fn frame(&self, id: FrameId) -> &Frame {
+        &self.frames[id.0 as usize]
+    }
+
+    /// All interned frames, indexable by `FrameId.0`.
+    pub fn frames(&self) -> &[Frame] {
+        &self.frames
+    }
+
+    /// The frames of a stack, root first.
+    pub fn stack(&self, id: StackId) -> &[FrameId] {
+        &self.stacks[id.0 as usize]
+    }
+
+    /// Sample count per stack, in first-seen order of the stacks.
+    pub fn stack_counts(&self) -> Vec<(StackId, u64)> {
+        let mut counts = vec![0u64; self.stacks.len()];
+        for s in &self.samples {
+            counts[s.stack.0 as usize] += 1;
+        }
+        counts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, c)| *c > 0)
+            .map(|(i, c)| (StackId(i as u32), c))
+            .collect()
+    }
+
+    /// Number of distinct processes with samples.
+    pub fn process_count(&self) -> usize {
+        let mut pids: Vec<u32> = self.samples.iter().map(|s| s.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.len()
+    }
+
+    /// Folded-stack lines (`a;b;c count`), sorted, as FlameGraph's stackcollapse tools print.
+    /// `;` inside a label is replaced by `:` and line breaks by spaces, so every line parses.
+    pub fn folded_lines(&self) -> Vec<String> {
+        let mut agg: BTreeMap<String, u64> = BTreeMap::new();
+        for (sid, count) in self.stack_counts() {
+            let key = self
+                .stack(sid)
+                .iter()
+                .map(|f| sanitize_label(&self.frame(*f).label()))
+                .collect::<Vec<_>>()
+                .join(";");
+            *agg.entry(key).or_default() += count;
+        }
+        agg.into_iter().map(|(k, c)| format!("{k} {c}")).collect()
+    }
+}
+
+/// Makes a label safe for the folded format: no `;`, no line breaks.
+pub fn sanitize_label(label: &str) -> String {
+    label.chars().map(|c| match c {
+        ';' => ':',
+        '\n' | '\r' => ' ',
+        c => c,
+    }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(p: &mut Profile, names: &[&str], pid: u32) {
+        let ids: Vec<FrameId> =
+            names.iter().map(|n| p.intern_frame(Frame::new(FrameKind::Native, *n))).collect();
+        let stack = p.intern_stack(&ids);
+        p.add_sample(Sample {
+            stack,
+            time_ns: 0,
+            pid,
+            tid: pid,
+            cpu: 0,
+            comm: "x".into(),
+            thread_name: "x".into(),
+        });
+    }
+
+    #[test]
+    fn interning_dedups_frames_and_stacks() {
+        let mut p = Profile::default();
+        sample(&mut p, &["a", "b"], 1);
+        sample(&mut p, &["a", "b"], 1);
+        sample(&mut p, &["a", "c"], 2);
+        assert_eq!(p.frames().len(), 3);
+        assert_eq!(p.stack_counts(), vec![(StackId(0), 2), (StackId(1), 1)]);
+        assert_eq!(p.process_count(), 2);
+        assert_eq!(p.folded_lines(), vec!["a;b 2".to_string(), "a;c 1".to_string()]);
+    }
+
+    #[test]
+    fn labels_follow_conventions() {
+        let mut f = Frame::new(FrameKind::Python, "Worker.run");
+        f.file = Some("/a/w.py".into());
+        f.line = Some(12);
+        assert_eq!(f.label(), "Worker.run (/a/w.py:12)");
+        assert_eq!(Frame::new(FrameKind::Kernel, "vfs_read").label(), "vfs_read_[k]");
+        assert_eq!(sanitize_label("a;b\nc"), "a:b c");
+    }
+}

@@ -1,1 +1,0 @@
-//! merge stage (being built).
