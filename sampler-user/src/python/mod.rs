@@ -1,1 +1,438 @@
-//! python stage (being built).
+//! python stage: the CPython reader (issue 3).
+//!
+//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its
+//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; a built-in table for 3.12), and
+//! snapshots of every thread's Python stack with thread ids, names and GIL state
+//! ([`PythonProcess::threads`]); resolution of frames captured elsewhere (the in-kernel walker
+//! of issue 4) through the same code-object cache ([`PythonProcess::resolve_frame`]).
+//! Input: a pid. Output: [`PyThread`]s / [`PyFrame`]s; failures as [`PyError`] (fatal for the
+//! call) or counted in [`ErrorCounts`] (cost a frame, a line or a name).
+//! Constraints: target memory is untrusted and changes while we read it; everything is bounded
+//! (see [`Limits`]) and nothing panics. Memory is read only through [`ReadMemory`]; the walker
+//! knows no versions (the one version `match` is in `layout`). Facts and sources:
+//! `/work/shared/docs/cpython-layouts.md`.
+//!
+//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout` and
+//! `tables` (the descriptor) · `walker` (interpreters → threads → frames) · `code` (code cache,
+//! line resolution) · `linetable` · `unicode` · `gil` · `threadnames` · `dump` (the `dump`
+//! command) · `testimage` (synthetic images, tests only).
+
+pub mod code;
+pub mod detect;
+pub mod dump;
+pub mod errors;
+pub mod gil;
+pub mod layout;
+pub mod linetable;
+pub mod memory;
+mod tables;
+pub mod threadnames;
+pub mod unicode;
+pub mod walker;
+
+#[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
+mod live_tests;
+#[cfg(test)]
+pub(crate) mod testimage;
+#[cfg(test)]
+mod walker_tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+pub use code::{CodeCache, Ctx, Target};
+pub use detect::Detected;
+pub use errors::{ErrorCounts, ErrorKind, PyError};
+pub use layout::{PyVersion, RuntimeLayout};
+pub use memory::{ImageMemory, MemError, ProcessMemory, ReadMemory};
+pub use walker::Limits;
+
+use gil::{InterpGil, read_interp_gil, thread_gil};
+use layout::{DEBUG_COOKIE, DEBUG_OFFSETS_HEADER, debug_offsets_len, version_facts};
+
+/// GIL state of one thread at the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GilState {
+    Holds,
+    DoesNotHold,
+    /// Free-threaded build with the GIL disabled at run time.
+    NoGil,
+    Unknown,
+}
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// `co_qualname`.
+    pub function: String,
+    pub file: String,
+    /// -1 when unknown (no location, or a torn read).
+    pub line: i32,
+    pub first_line: i32,
+    pub code_addr: u64,
+}
+
+/// One thread of one interpreter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyThread {
+    /// Linux TID as the target sees it (its pid namespace).
+    pub native_thread_id: u64,
+    /// The TID on the host, via `NSpid` of `/proc/PID/task/*/status`.
+    pub host_tid: Option<u32>,
+    /// `pthread_t` (`threading.get_ident()`).
+    pub python_thread_id: u64,
+    /// `threading` name, else the OS name (`/proc/PID/task/TID/comm`).
+    pub name: Option<String>,
+    pub gil: GilState,
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    pub truncated: bool,
+    pub tstate_addr: u64,
+    /// `PyThreadState.state == _Py_THREAD_ATTACHED` (3.13+): running Python right now.
+    pub attached: Option<bool>,
+}
+
+/// What is cached per interpreter file (device, inode): its version and layout.
+type LayoutCache = Mutex<HashMap<(u64, u64), (PyVersion, Arc<RuntimeLayout>)>>;
+static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// One attached target: its layout, runtime address and caches.
+pub struct PythonProcess {
+    pid: u32,
+    version: PyVersion,
+    layout: Arc<RuntimeLayout>,
+    detected: Detected,
+    target: Target,
+    mem: ProcessMemory,
+    codes: CodeCache,
+    counts: ErrorCounts,
+    limits: Limits,
+}
+
+/// Reads the version of the runtime at `d` (debug-offsets header, else `Py_Version`).
+fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
+    let mut hdr = [0u8; DEBUG_OFFSETS_HEADER];
+    mem.read(d.runtime_addr, &mut hdr)
+        .map_err(|e| PyError::from_mem(pid, e))?;
+    let py_version = match d.py_version_addr {
+        Some(a) => Some(mem.read_u64(a).map_err(|e| PyError::from_mem(pid, e))?),
+        None => None,
+    };
+    let word = |i: usize| u64::from_le_bytes(hdr[i..i + 8].try_into().unwrap_or_default());
+    let invalid = |detail: String| PyError::Invalid {
+        what: "_PyRuntime",
+        addr: d.runtime_addr,
+        detail,
+    };
+    if &hdr[..8] == DEBUG_COOKIE {
+        let v = PyVersion::from_hex(word(8), word(16) == 1);
+        if let Some(pv) = py_version.map(|h| PyVersion::from_hex(h, v.free_threaded))
+            && (pv.major, pv.minor) != (v.major, v.minor)
+        {
+            return Err(invalid(format!(
+                "debug offsets say {v}, Py_Version says {pv}"
+            )));
+        }
+        return Ok(v);
+    }
+    let Some(hex) = py_version else {
+        return Err(invalid("no debug offsets and no Py_Version".into()));
+    };
+    let v = PyVersion::from_hex(hex, false);
+    // A version that should carry debug offsets but does not: refuse rather than guess.
+    if (v.major, v.minor) >= (3, 13) && version_facts(v.major, v.minor, false).is_ok() {
+        return Err(invalid(format!("{v} without the \"xdebugpy\" cookie")));
+    }
+    Ok(v)
+}
+
+fn layout_for(
+    mem: &dyn ReadMemory,
+    pid: u32,
+    d: &Detected,
+    version: PyVersion,
+) -> Result<Arc<RuntimeLayout>, PyError> {
+    let key = (d.dev, d.inode);
+    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned())
+        && v == version
+    {
+        return Ok(l);
+    }
+    let facts = version_facts(version.major, version.minor, version.free_threaded)?;
+    let bytes = mem
+        .read_vec(d.runtime_addr, debug_offsets_len(&facts))
+        .map_err(|e| PyError::from_mem(pid, e))?;
+    let layout = RuntimeLayout::build(version, &bytes)?;
+    if d.runtime_size != 0
+        && facts_has_debug_offsets(&bytes)
+        && layout.runtime.size > d.runtime_size
+    {
+        return Err(PyError::Invalid {
+            what: "runtime_state.size",
+            addr: d.runtime_addr,
+            detail: format!(
+                "{} exceeds the .PyRuntime size {}",
+                layout.runtime.size, d.runtime_size
+            ),
+        });
+    }
+    let layout = Arc::new(layout);
+    if let Ok(mut c) = LAYOUTS.lock() {
+        if c.len() > 1024 {
+            c.clear();
+        }
+        c.insert(key, (version, Arc::clone(&layout)));
+    }
+    Ok(layout)
+}
+
+fn facts_has_debug_offsets(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && &bytes[..8] == DEBUG_COOKIE
+}
+
+impl PythonProcess {
+    /// Finds the interpreter in `pid` by content and builds its layout.
+    pub fn attach(pid: u32) -> Result<PythonProcess, PyError> {
+        let candidates = detect::detect(pid)?;
+        let mem = ProcessMemory::new(pid);
+        let mut first_err = None;
+        let mut chosen = None;
+        for d in candidates {
+            let attempt =
+                read_version(&mem, pid, &d).and_then(|v| Ok((v, layout_for(&mem, pid, &d, v)?)));
+            match attempt {
+                Ok((version, layout)) => {
+                    // An embedding process can map two runtimes: prefer the initialised one.
+                    let live = mem
+                        .read_u64(d.runtime_addr + layout.runtime.interpreters_head)
+                        .is_ok_and(|h| h != 0);
+                    if live || chosen.is_none() {
+                        chosen = Some((d, version, layout));
+                    }
+                    if live {
+                        break;
+                    }
+                }
+                Err(e @ (PyError::ProcessGone { .. } | PyError::PermissionDenied { .. })) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let Some((detected, version, layout)) = chosen else {
+            return Err(first_err.unwrap_or(PyError::NotPython { pid }));
+        };
+        let target = Target {
+            pid,
+            pycode_type: detected.pycode_type_addr,
+            image: detected.image.clone(),
+        };
+        Ok(PythonProcess {
+            pid,
+            version,
+            layout,
+            detected,
+            target,
+            mem,
+            codes: CodeCache::default(),
+            counts: ErrorCounts::default(),
+            limits: Limits::default(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn version(&self) -> PyVersion {
+        self.version
+    }
+
+    pub fn layout(&self) -> &RuntimeLayout {
+        &self.layout
+    }
+
+    /// The ELF that holds the runtime, its bias and `_PyRuntime` address.
+    pub fn detected(&self) -> &Detected {
+        &self.detected
+    }
+
+    pub fn error_counts(&self) -> &ErrorCounts {
+        &self.counts
+    }
+
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
+    pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
+        self.mem.new_snapshot();
+        let ctx = Ctx {
+            mem: &self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        let head = self
+            .mem
+            .read_u64(self.detected.runtime_addr + self.layout.runtime.interpreters_head)
+            .map_err(|e| PyError::from_mem(self.pid, e))?;
+        // The main interpreter is the last one of the list; all share the build's GIL mode.
+        Ok(!matches!(
+            read_interp_gil(ctx, head),
+            Ok(InterpGil::Disabled)
+        ))
+    }
+
+    /// Every thread of every interpreter, with its stack, now.
+    pub fn threads(&mut self) -> Result<Vec<PyThread>, PyError> {
+        self.mem.new_snapshot();
+        let ctx = Ctx {
+            mem: &self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        let interps = walker::walk(
+            ctx,
+            self.detected.runtime_addr,
+            &mut self.codes,
+            &mut self.counts,
+            self.limits,
+        )?;
+        let host_tids = host_tid_map(self.pid);
+        let pid = self.pid;
+        let os_name = |tid: u32| os_thread_name(pid, tid);
+        Ok(assemble(
+            ctx,
+            &interps,
+            &host_tids,
+            &os_name,
+            &mut self.counts,
+            self.limits,
+        ))
+    }
+
+    /// Resolves a frame captured elsewhere (e.g. in the kernel): code object + instruction
+    /// pointer (+ the 3.14t `tlbc_index`, 0 otherwise) → function, file, line.
+    pub fn resolve_frame(
+        &mut self,
+        code_addr: u64,
+        instr_ptr: u64,
+        tlbc_index: i32,
+    ) -> Result<PyFrame, PyError> {
+        self.mem.new_snapshot();
+        let ctx = Ctx {
+            mem: &self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        match code::resolve(
+            ctx,
+            &mut self.codes,
+            &mut self.counts,
+            code_addr,
+            instr_ptr,
+            tlbc_index,
+        ) {
+            Ok(r) => Ok(r.frame),
+            Err(e) => {
+                self.counts.add(e.kind());
+                Err(match e {
+                    code::CodeError::Memory(m) => PyError::from_mem(self.pid, m),
+                    other => PyError::Invalid {
+                        what: "code object",
+                        addr: code_addr,
+                        detail: other.to_string(),
+                    },
+                })
+            }
+        }
+    }
+}
+
+/// Adds names, host TIDs and GIL states to the walked threads. Main interpreter (the last of
+/// the list) first, and within it the oldest thread (the main thread) first.
+pub fn assemble<S: std::hash::BuildHasher>(
+    ctx: Ctx<'_>,
+    interps: &[walker::RawInterp],
+    host_tids: &HashMap<u32, u32, S>,
+    os_name: &dyn Fn(u32) -> Option<String>,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Vec<PyThread> {
+    let mut out = Vec::new();
+    for interp in interps.iter().rev() {
+        let gil = read_interp_gil(ctx, interp.addr).ok();
+        if gil.is_none() {
+            counts.add(ErrorKind::GilUnreadable);
+        }
+        let names = threadnames::thread_names(ctx, interp.addr, limits.max_threads as u64)
+            .unwrap_or_else(|_| {
+                counts.add(ErrorKind::ThreadNames);
+                HashMap::new()
+            });
+        for t in interp.threads.iter().rev() {
+            let host_tid = u32::try_from(t.native_thread_id)
+                .ok()
+                .and_then(|tid| host_tids.get(&tid).copied());
+            let name = names
+                .get(&t.thread_id)
+                .cloned()
+                .or_else(|| host_tid.and_then(os_name));
+            out.push(PyThread {
+                native_thread_id: t.native_thread_id,
+                host_tid,
+                python_thread_id: t.thread_id,
+                name,
+                gil: thread_gil(gil, t.tstate, t.holds_gil),
+                frames: t.frames.clone(),
+                truncated: t.truncated,
+                tstate_addr: t.tstate,
+                attached: t.attached,
+            });
+        }
+    }
+    out
+}
+
+/// TID in the target's innermost pid namespace → TID on the host, from `NSpid:` lines.
+pub fn host_tid_map(pid: u32) -> HashMap<u32, u32> {
+    let mut map = HashMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return map;
+    };
+    for entry in dir.flatten().take(1 << 16) {
+        let Some(host) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let inner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|ids| ids.split_whitespace().last()?.parse::<u32>().ok())
+            .unwrap_or(host);
+        map.insert(inner, host);
+    }
+    map
+}
+
+/// `/proc/PID/task/TID/comm` (15 bytes at most; 3.14+ threads carry their Python name).
+pub fn os_thread_name(pid: u32, host_tid: u32) -> Option<String> {
+    let comm = std::fs::read(format!("/proc/{pid}/task/{host_tid}/comm")).ok()?;
+    let s = String::from_utf8_lossy(&comm)
+        .trim_end_matches('\n')
+        .to_owned();
+    (!s.is_empty()).then_some(s)
+}

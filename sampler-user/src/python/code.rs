@@ -1,0 +1,345 @@
+//! Code objects: metadata cache and (code object, instruction pointer) → frame.
+//!
+//! Owns: [`CodeCache`] (per attached process, keyed by code-object address, validated on every
+//! reuse by a fingerprint of the object's header and flushed when the interpreter's
+//! `_code_object_generation` changes) and [`resolve`], which turns a code object and an
+//! instruction pointer (plus the 3.14t `tlbc_index`) into a [`PyFrame`].
+//! Input: target memory, the layout, `&PyCode_Type` (from `.dynsym`, biased).
+//! Output: `Arc<CodeInfo>` / [`Resolved`]; failures are [`CodeError`] values, counted by callers.
+//! Constraints: names ≤ [`MAX_NAME_CHARS`], files ≤ [`MAX_FILE_CHARS`], line tables ≤
+//! [`MAX_LINETABLE`], bytecode ≤ [`MAX_CODE_UNITS`]; at most [`MAX_CACHED_CODES`] entries.
+//! Fields: `PyCodeObject` in `Include/cpython/code.h`
+//! (<https://github.com/python/cpython/blob/v3.14.0/Include/cpython/code.h>); TLBC:
+//! `_PyCodeArray` in the same header (free-threaded only); cpython-layouts §3.3, §3.4, §5.5.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::PyFrame;
+use super::errors::{ErrorCounts, ErrorKind};
+use super::layout::RuntimeLayout;
+use super::linetable::line_at;
+use super::memory::{MemError, ReadMemory, field_u32, field_u64};
+use super::unicode::{StrError, read_bytes, read_str};
+
+pub const MAX_NAME_CHARS: usize = 1024;
+pub const MAX_FILE_CHARS: usize = 4096;
+pub const MAX_LINETABLE: usize = 1 << 20;
+pub const MAX_CODE_UNITS: u64 = 1 << 24;
+pub const MAX_CACHED_CODES: usize = 1 << 16;
+/// Bound of `_PyCodeArray.size` (one entry per thread that ran the code).
+const MAX_TLBC_ENTRIES: u64 = 1 << 16;
+
+/// Why a code object could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CodeError {
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    #[error("{addr:#x} is not a code object")]
+    NotCode { addr: u64 },
+    #[error("bad code object at {addr:#x}: {what}")]
+    Bad { addr: u64, what: &'static str },
+}
+
+impl CodeError {
+    pub fn kind(self) -> ErrorKind {
+        match self {
+            CodeError::Memory(_) => ErrorKind::MemoryRead,
+            CodeError::NotCode { .. } => ErrorKind::NotCode,
+            CodeError::Bad { .. } => ErrorKind::BadCodeObject,
+        }
+    }
+}
+
+impl From<StrError> for CodeError {
+    fn from(e: StrError) -> CodeError {
+        match e {
+            StrError::Memory(m) => CodeError::Memory(m),
+            StrError::Invalid { addr, .. } => CodeError::Bad {
+                addr,
+                what: "string field",
+            },
+        }
+    }
+}
+
+/// The header words that identify a code object; compared on every cache hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    ob_type: u64,
+    ob_size: u64,
+    filename: u64,
+    qualname: u64,
+    linetable: u64,
+    firstlineno: u32,
+}
+
+/// What the reader keeps of a code object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeInfo {
+    pub qualname: String,
+    pub filename: String,
+    pub firstlineno: i32,
+    pub linetable: Vec<u8>,
+    /// `ob_size`: code units of `co_code_adaptive` (and of each TLBC copy).
+    pub code_units: u64,
+    /// The object lives inside the interpreter's own ELF image (static code, e.g. the
+    /// `__init__` shim `_Py_InitCleanup`).
+    pub in_image: bool,
+    fingerprint: Fingerprint,
+}
+
+/// Where the walker finds the target's fixed objects.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    pub pid: u32,
+    /// `&PyCode_Type` in the target (None: not found; then only plausibility checks apply).
+    pub pycode_type: Option<u64>,
+    /// Address ranges of the ELF file that holds `_PyRuntime`.
+    pub image: Vec<(u64, u64)>,
+}
+
+impl Target {
+    pub fn in_image(&self, addr: u64) -> bool {
+        self.image.iter().any(|&(lo, hi)| (lo..hi).contains(&addr))
+    }
+}
+
+/// What every read of a snapshot needs: the memory, the layout and the target's fixed objects.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub mem: &'a dyn ReadMemory,
+    pub layout: &'a RuntimeLayout,
+    pub target: &'a Target,
+}
+
+/// Code-object metadata by address, for one process.
+#[derive(Debug, Default)]
+pub struct CodeCache {
+    entries: HashMap<u64, Arc<CodeInfo>>,
+    generation: Option<u64>,
+}
+
+impl CodeCache {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Flushes the cache when the interpreter's `_code_object_generation` moved.
+    pub fn set_generation(&mut self, generation: u64) {
+        if self.generation != Some(generation) {
+            self.entries.clear();
+            self.generation = Some(generation);
+        }
+    }
+
+    /// The metadata of the code object at `addr`, from the cache if its header is unchanged.
+    pub fn get(
+        &mut self,
+        ctx: Ctx<'_>,
+        addr: u64,
+        counts: &mut ErrorCounts,
+    ) -> Result<Arc<CodeInfo>, CodeError> {
+        let Ctx {
+            mem,
+            layout,
+            target,
+        } = ctx;
+        let c = &layout.code;
+        // The type first: a stale or torn pointer usually fails here, without reading a whole
+        // code header's worth of memory that may not exist.
+        let ob_type = mem.read_u64(addr.wrapping_add(layout.object.ob_type))?;
+        if target.pycode_type.is_some_and(|t| t != ob_type) {
+            return Err(CodeError::NotCode { addr });
+        }
+        let mut head = [0u8; 4096];
+        let head = head
+            .get_mut(..c.code_adaptive as usize)
+            .ok_or(CodeError::Bad {
+                addr,
+                what: "layout",
+            })?;
+        mem.read(addr, head)?;
+        let word = |off| {
+            field_u64(head, off).ok_or(CodeError::Bad {
+                addr,
+                what: "header",
+            })
+        };
+        let fp = Fingerprint {
+            ob_type: word(layout.object.ob_type)?,
+            ob_size: word(c.ob_size)?,
+            filename: word(c.filename)?,
+            qualname: word(c.qualname)?,
+            linetable: word(c.linetable)?,
+            firstlineno: field_u32(head, c.firstlineno).ok_or(CodeError::Bad {
+                addr,
+                what: "header",
+            })?,
+        };
+        if target.pycode_type.is_some_and(|t| t != fp.ob_type) {
+            return Err(CodeError::NotCode { addr });
+        }
+        if fp.ob_size == 0 || fp.ob_size > MAX_CODE_UNITS {
+            return Err(CodeError::Bad {
+                addr,
+                what: "ob_size",
+            });
+        }
+        if let Some(hit) = self.entries.get(&addr) {
+            if hit.fingerprint == fp {
+                return Ok(Arc::clone(hit));
+            }
+            counts.add(ErrorKind::CodeCacheStale);
+        }
+        let info = Arc::new(CodeInfo {
+            qualname: read_str(mem, layout, fp.qualname, MAX_NAME_CHARS)?,
+            filename: read_str(mem, layout, fp.filename, MAX_FILE_CHARS)?,
+            firstlineno: fp.firstlineno as i32,
+            linetable: read_bytes(mem, layout, fp.linetable, MAX_LINETABLE)?,
+            code_units: fp.ob_size,
+            in_image: target.in_image(addr),
+            fingerprint: fp,
+        });
+        if self.entries.len() >= MAX_CACHED_CODES {
+            self.entries.clear();
+        }
+        self.entries.insert(addr, Arc::clone(&info));
+        Ok(info)
+    }
+}
+
+/// A resolved frame, and whether it is the `__init__` shim (to be dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub frame: PyFrame,
+    pub is_init_shim: bool,
+}
+
+/// The start of the bytecode `instr_ptr` points into: `co_code_adaptive`, or on free-threaded
+/// 3.14+ the thread-local copy `co_tlbc->entries[tlbc_index]` (§5.5).
+fn bytecode_base(
+    mem: &dyn ReadMemory,
+    layout: &RuntimeLayout,
+    code_addr: u64,
+    tlbc_index: i32,
+    counts: &mut ErrorCounts,
+) -> u64 {
+    let c = &layout.code;
+    let main = code_addr + c.code_adaptive;
+    let Some(tlbc_off) = c.tlbc else { return main };
+    if tlbc_index <= 0 {
+        return main;
+    }
+    let copy = (|| -> Result<Option<u64>, MemError> {
+        let arr = mem.read_u64(code_addr + tlbc_off)?;
+        if arr == 0 {
+            return Ok(None);
+        }
+        let size = mem.read_u64(arr)?;
+        let idx = tlbc_index as u64;
+        if idx >= size || size > MAX_TLBC_ENTRIES {
+            return Ok(None);
+        }
+        let entry = mem.read_u64(arr + c.tlbc_entries + 8 * idx)?;
+        Ok((entry != 0).then_some(entry))
+    })();
+    if let Ok(Some(base)) = copy {
+        base
+    } else {
+        counts.add(ErrorKind::TlbcFallback);
+        main
+    }
+}
+
+/// Code object + instruction pointer (+ TLBC index) → function, file, line.
+pub fn resolve(
+    ctx: Ctx<'_>,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    code_addr: u64,
+    instr_ptr: u64,
+    tlbc_index: i32,
+) -> Result<Resolved, CodeError> {
+    let layout = ctx.layout;
+    let info = cache.get(ctx, code_addr, counts)?;
+    let base = bytecode_base(ctx.mem, layout, code_addr, tlbc_index, counts);
+    // 3.12 `prev_instr` is the last executed unit (`base - 2` before the first one): the byte
+    // offset is used as is, like `_PyInterpreterFrame_LASTI` * 2 (§3.3).
+    let offset = instr_ptr.wrapping_sub(base) as i64;
+    let lowest = if layout.frame.instr_is_prev { -2 } else { 0 };
+    let line = if offset < lowest || offset >= 2 * info.code_units as i64 {
+        counts.add(ErrorKind::TornInstrPtr);
+        -1
+    } else {
+        line_at(&info.linetable, info.firstlineno, offset).unwrap_or_else(|_| {
+            counts.add(ErrorKind::BadLineTable);
+            -1
+        })
+    };
+    // `_Py_InitCleanup` (3.13+ default builds): static, `co_firstlineno` 0, table `\xfb`.
+    let is_init_shim = info.firstlineno == 0
+        && line == -1
+        && (info.in_image || (info.qualname == "__init__" && info.filename == "__init__"));
+    Ok(Resolved {
+        frame: PyFrame {
+            function: info.qualname.clone(),
+            file: info.filename.clone(),
+            line,
+            first_line: info.firstlineno,
+            code_addr,
+        },
+        is_init_shim,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::testimage::{CodeSpec, Flavor, ImageBuilder};
+
+    #[test]
+    fn cache_hits_are_revalidated() {
+        let mut b = ImageBuilder::new(Flavor::V313);
+        let code = b.code(&CodeSpec::simple("f", "/a.py", 10, &[(10, 4), (11, 4)]));
+        let other = b.str_object("g");
+        let (layout, target) = (b.layout().clone(), b.target());
+        let mut mem = b.memory();
+        let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
+        let base = code + layout.code.code_adaptive;
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &layout,
+            target: &target,
+        };
+        let r = resolve(ctx, &mut cache, &mut counts, code, base + 10, 0).unwrap();
+        assert_eq!((r.frame.function.as_str(), r.frame.line), ("f", 11));
+        // Same address, new qualname pointer: the hit must be noticed and re-read.
+        mem.bytes_mut(code + layout.code.qualname, 8)
+            .unwrap()
+            .copy_from_slice(&other.to_le_bytes());
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &layout,
+            target: &target,
+        };
+        let r = resolve(ctx, &mut cache, &mut counts, code, base, 0).unwrap();
+        assert_eq!(r.frame.function, "g");
+        assert_eq!(counts.get(ErrorKind::CodeCacheStale), 1);
+        // Torn instruction pointer.
+        let r = resolve(ctx, &mut cache, &mut counts, code, base + 16, 0).unwrap();
+        assert_eq!(r.frame.line, -1);
+        assert_eq!(counts.get(ErrorKind::TornInstrPtr), 1);
+        // Not a code object.
+        assert!(matches!(
+            resolve(ctx, &mut cache, &mut counts, other, 0, 0),
+            Err(CodeError::NotCode { .. })
+        ));
+        cache.set_generation(1);
+        assert!(cache.is_empty());
+    }
+}

@@ -1,0 +1,826 @@
+//! The runtime layout descriptor: every CPython version difference, as data (style rule 5).
+//!
+//! Owns: [`RuntimeLayout`] (one descriptor per attached interpreter), the `_Py_DebugOffsets`
+//! field lists of 3.13, 3.14 and 3.15, the built-in 3.12 table, the few facts the debug offsets do
+//! not carry (keyed by minor version and free-threading), and the only `match` on the CPython
+//! version in the codebase ([`version_facts`]).
+//! Input: the bytes of the target's `_Py_DebugOffsets` (3.13+; `Include/internal/
+//! pycore_debug_offsets.h`, `pycore_runtime.h` in 3.13) or the `Py_Version` value (3.12).
+//! Output: a validated [`RuntimeLayout`], or a `PyError` (`Unsupported` for a minor version whose
+//! debug-offsets struct is unknown, `Invalid` when a value is out of bounds).
+//! Constraints: every value is read from the target where it provides it; a value that is not
+//! in bounds (an offset not smaller than the size of its struct, an absurd size) is rejected, so
+//! the walker never reads garbage because of a stale table. Facts and their CPython sources:
+//! `/work/shared/docs/cpython-layouts.md` (§2.4, §3.4, §5, §6, §7).
+
+use super::PyError;
+use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
+
+/// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
+/// free_threaded;` — the field list follows, one `uint64_t` each.
+pub const DEBUG_OFFSETS_HEADER: usize = 24;
+/// `_Py_Debug_Cookie` in `Include/internal/pycore_debug_offsets.h`.
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// A CPython version, from `PY_VERSION_HEX` (`Py_Version` or `_Py_DebugOffsets.version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyVersion {
+    pub major: u8,
+    pub minor: u8,
+    pub micro: u8,
+    /// `0xA` alpha, `0xB` beta, `0xC` release candidate, `0xF` final.
+    pub level: u8,
+    pub serial: u8,
+    pub free_threaded: bool,
+}
+
+impl PyVersion {
+    pub fn from_hex(hex: u64, free_threaded: bool) -> PyVersion {
+        PyVersion {
+            major: (hex >> 24) as u8,
+            minor: (hex >> 16) as u8,
+            micro: (hex >> 8) as u8,
+            level: ((hex >> 4) & 0xf) as u8,
+            serial: (hex & 0xf) as u8,
+            free_threaded,
+        }
+    }
+
+    /// "3.13" or "3.14t": how errors name a version.
+    pub fn short(&self) -> String {
+        format!(
+            "{}.{}{}",
+            self.major,
+            self.minor,
+            if self.free_threaded { "t" } else { "" }
+        )
+    }
+}
+
+impl std::fmt::Display for PyVersion {
+    /// "3.13.0", "3.15.0a3", "3.14.0rc1" (free-threading is reported separately).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)?;
+        match self.level {
+            0xA => write!(f, "a{}", self.serial),
+            0xB => write!(f, "b{}", self.serial),
+            0xC => write!(f, "rc{}", self.serial),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where `PyThreadState` says whether the thread holds the GIL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldsGil {
+    /// 3.12: not recorded per thread.
+    Unknown,
+    /// 3.13: `_status.holds_gil`, bit `bit` of the 32-bit word at `offset`.
+    StatusBit { offset: u64, bit: u32 },
+    /// 3.14+: `int holds_gil` at `offset`.
+    Int { offset: u64 },
+}
+
+/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedDict {
+    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
+    Tagged { offset: i64 },
+    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
+    Pointer { offset: i64 },
+}
+
+/// `_PyRuntimeState` (`runtime_state.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeOffsets {
+    pub size: u64,
+    /// `interpreters.head`.
+    pub interpreters_head: u64,
+}
+
+/// `PyInterpreterState` (`interpreter_state.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterpOffsets {
+    pub size: u64,
+    pub id: u64,
+    pub next: u64,
+    /// `threads.head` (newest thread first).
+    pub threads_head: u64,
+    /// `imports.modules` (the `sys.modules` dict).
+    pub imports_modules: u64,
+    /// `ceval.gil`: pointer to the `_gil_runtime_state` in use.
+    pub ceval_gil: u64,
+    /// The embedded `_gil`.
+    pub gil_runtime_state: u64,
+    /// `_gil.enabled`, relative to the GIL struct (free-threaded builds only).
+    pub gil_enabled: Option<u64>,
+    /// `_gil.locked` / `_gil.last_holder`, relative to the interpreter (as in the debug offsets).
+    pub gil_locked: u64,
+    pub gil_holder: u64,
+    /// `_code_object_generation` / `tlbc_generation` (3.14+; the latter free-threaded only).
+    pub code_object_generation: Option<u64>,
+    pub tlbc_generation: Option<u64>,
+}
+
+/// `PyThreadState` (`thread_state.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadOffsets {
+    pub size: u64,
+    pub next: u64,
+    pub interp: u64,
+    /// 3.13+: `current_frame`; 3.12: `cframe` (see `cframe_current_frame`).
+    pub current_frame: u64,
+    /// 3.12: the word at `tstate + current_frame` is a `_PyCFrame *`; the frame is at this offset
+    /// inside it (`_PyCFrame.current_frame`).
+    pub cframe_current_frame: Option<u64>,
+    /// `pthread_t` (`threading.get_ident()`).
+    pub thread_id: u64,
+    /// Linux TID in the target's pid namespace.
+    pub native_thread_id: u64,
+    pub status: u64,
+    pub holds_gil: HoldsGil,
+    /// `int state` (`_Py_THREAD_ATTACHED` == 1); 3.13+.
+    pub state: Option<u64>,
+}
+
+/// `_PyInterpreterFrame` (`interpreter_frame.*`) plus how to interpret it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameOffsets {
+    pub size: u64,
+    pub previous: u64,
+    /// `f_executable` (3.12: `f_code`).
+    pub executable: u64,
+    /// `instr_ptr` (3.12: `prev_instr`).
+    pub instr_ptr: u64,
+    /// `char owner`.
+    pub owner: u64,
+    /// `int32 tlbc_index` (free-threaded 3.14+).
+    pub tlbc_index: Option<u64>,
+    /// 3.12 `prev_instr` semantics: the last executed code unit (may be `code - 2`).
+    pub instr_is_prev: bool,
+    /// `_PyStackRef` tag bits of `f_executable` (3.14+: `Py_TAG_BITS` == 3; 0 before).
+    pub stackref_tag_mask: u64,
+    /// Frames with `owner >= first_shim_owner` are entry/base frames, never Python code.
+    pub first_shim_owner: u8,
+}
+
+/// `PyCodeObject` (`code_object.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeOffsets {
+    pub size: u64,
+    pub filename: u64,
+    pub name: u64,
+    pub qualname: u64,
+    pub linetable: u64,
+    pub firstlineno: u64,
+    pub code_adaptive: u64,
+    /// `co_tlbc` (`_PyCodeArray *`, free-threaded 3.14+).
+    pub tlbc: Option<u64>,
+    /// `_PyCodeArray.entries` (after `Py_ssize_t size`).
+    pub tlbc_entries: u64,
+    /// `PyVarObject.ob_size`: number of code units in `co_code_adaptive`.
+    pub ob_size: u64,
+}
+
+/// `PyObject` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectOffsets {
+    /// `sizeof(PyObject)`: 16, or 32 in free-threaded builds.
+    pub header_size: u64,
+    pub ob_type: u64,
+}
+
+/// `PyASCIIObject` / `PyCompactUnicodeObject` and the bits of `state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnicodeLayout {
+    pub length: u64,
+    pub state: u64,
+    pub ascii_size: u64,
+    pub compact_size: u64,
+    pub kind_shift: u32,
+    pub compact_bit: u32,
+    pub ascii_bit: u32,
+}
+
+/// `PyBytesObject`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BytesOffsets {
+    pub ob_size: u64,
+    pub ob_sval: u64,
+}
+
+/// `PyDictObject`, `PyDictValues`, managed dicts and `PyModuleObject.md_dict`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DictLayout {
+    pub ma_keys: u64,
+    pub ma_values: u64,
+    /// Offset of `values[]` inside `PyDictValues` (0 in 3.12, 8 in 3.13+).
+    pub values_array: u64,
+    pub managed_dict: ManagedDict,
+    /// `Py_TPFLAGS_INLINE_VALUES` exists (3.13+).
+    pub inline_values: bool,
+    pub module_dict: u64,
+}
+
+/// `PyTypeObject` / `PyHeapTypeObject`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeOffsets {
+    pub tp_name: u64,
+    pub tp_flags: u64,
+    pub tp_basicsize: u64,
+    pub ht_cached_keys: u64,
+}
+
+/// `PyLongObject`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongOffsets {
+    pub lv_tag: u64,
+    pub ob_digit: u64,
+}
+
+/// Everything the walker and the in-kernel walker need to know about one interpreter build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeLayout {
+    pub version: PyVersion,
+    pub runtime: RuntimeOffsets,
+    pub interp: InterpOffsets,
+    pub tstate: ThreadOffsets,
+    pub frame: FrameOffsets,
+    pub code: CodeOffsets,
+    pub object: ObjectOffsets,
+    pub unicode: UnicodeLayout,
+    pub bytes: BytesOffsets,
+    pub dict: DictLayout,
+    pub types: TypeOffsets,
+    pub long: LongOffsets,
+    /// The named values the layout was built from (debug offsets or the built-in table).
+    pub table: Vec<(&'static str, u64)>,
+}
+
+/// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VersionFacts {
+    pub source: FieldSource,
+    pub cframe_current_frame: Option<u64>,
+    pub instr_is_prev: bool,
+    pub stackref_tag_mask: u64,
+    pub holds_gil: HoldsGilFact,
+    pub state: Option<u64>,
+    /// (kind shift, compact bit, ascii bit) of `PyASCIIObject.state`.
+    pub unicode_bits: (u32, u32, u32),
+    pub managed_dict: ManagedDict,
+    pub values_array: u64,
+    pub inline_values: bool,
+    pub tlbc_entries: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FieldSource {
+    /// Field names of `_Py_DebugOffsets` after the header, in struct order.
+    DebugOffsets(&'static [&'static str]),
+    /// A built-in table (3.12 has no debug offsets).
+    BuiltIn(&'static [(&'static str, u64)]),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HoldsGilFact {
+    None,
+    StatusBit(u32),
+    Int(u64),
+    /// `thread_state.holds_gil` is in the debug offsets (3.15).
+    Table,
+}
+
+/// Free-threaded builds: `interned` takes a whole byte, so `kind`/`compact`/`ascii` move to
+/// bits 8-10 / 11 / 12 in 3.14t ([unverified], §5.2); 3.13t keeps the default bits.
+const UNICODE_BITS_DEFAULT: (u32, u32, u32) = (2, 5, 6);
+const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
+
+/// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
+/// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
+/// §7 (`MANAGED_DICT_OFFSET`, `PyDictValues`).
+pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFacts, PyError> {
+    let unsupported = || PyError::Unsupported {
+        version: format!("{major}.{minor}{}", if ft { "t" } else { "" }),
+    };
+    if major != 3 {
+        return Err(unsupported());
+    }
+    let managed = ManagedDict::Pointer {
+        offset: if ft { -8 } else { -24 },
+    };
+    let base = VersionFacts {
+        source: FieldSource::DebugOffsets(FIELDS_313),
+        cframe_current_frame: None,
+        instr_is_prev: false,
+        stackref_tag_mask: 0,
+        holds_gil: HoldsGilFact::None,
+        state: None,
+        unicode_bits: UNICODE_BITS_DEFAULT,
+        managed_dict: managed,
+        values_array: 8,
+        inline_values: true,
+        tlbc_entries: 8,
+    };
+    Ok(match (minor, ft) {
+        (12, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_312),
+            cframe_current_frame: Some(0),
+            instr_is_prev: true,
+            managed_dict: ManagedDict::Tagged { offset: -24 },
+            values_array: 0,
+            inline_values: false,
+            ..base
+        },
+        (13, _) => VersionFacts {
+            holds_gil: HoldsGilFact::StatusBit(5),
+            state: Some(40),
+            ..base
+        },
+        (14, _) => VersionFacts {
+            source: FieldSource::DebugOffsets(FIELDS_314),
+            stackref_tag_mask: 3,
+            holds_gil: HoldsGilFact::Int(36),
+            state: Some(44),
+            unicode_bits: if ft {
+                UNICODE_BITS_FT314
+            } else {
+                UNICODE_BITS_DEFAULT
+            },
+            ..base
+        },
+        // 3.15t was not examined; it inherits the 3.14t facts (unverified, like 3.14t).
+        (15, _) => VersionFacts {
+            source: FieldSource::DebugOffsets(FIELDS_315),
+            stackref_tag_mask: 3,
+            holds_gil: HoldsGilFact::Table,
+            state: Some(48),
+            unicode_bits: if ft {
+                UNICODE_BITS_FT314
+            } else {
+                UNICODE_BITS_DEFAULT
+            },
+            ..base
+        },
+        _ => return Err(unsupported()),
+    })
+}
+
+/// Named values, looked up by the `_Py_DebugOffsets` field name ("group.field").
+struct Table<'a> {
+    values: &'a [(&'static str, u64)],
+}
+
+impl Table<'_> {
+    fn get(&self, name: &str) -> Option<u64> {
+        self.values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+    }
+
+    fn need(&self, name: &'static str) -> Result<u64, PyError> {
+        self.get(name)
+            .ok_or_else(|| invalid(name, "missing from the layout table".into()))
+    }
+}
+
+fn invalid(what: &'static str, detail: String) -> PyError {
+    PyError::Invalid {
+        what,
+        addr: 0,
+        detail,
+    }
+}
+
+/// Groups whose offsets must each be smaller than the group's `size`, with size bounds.
+const CHECKED_GROUPS: &[(&str, u64, u64)] = &[
+    ("runtime_state", 256, 1 << 24),
+    ("interpreter_state", 256, 1 << 24),
+    ("thread_state", 64, 1 << 16),
+    ("interpreter_frame", 32, 1024),
+    ("code_object", 64, 4096),
+    ("pyobject", 16, 64),
+    ("type_object", 64, 4096),
+    ("heap_type_object", 64, 8192),
+    ("tuple_object", 16, 256),
+    ("dict_object", 16, 256),
+    ("long_object", 16, 256),
+    ("bytes_object", 16, 256),
+    ("unicode_object", 16, 256),
+];
+
+/// Offsets that are relative to something other than their group, or 0 when absent.
+const NOT_IN_GROUP: &[&str] = &["interpreter_state.gil_runtime_state_enabled"];
+
+fn validate(values: &[(&'static str, u64)]) -> Result<(), PyError> {
+    let t = Table { values };
+    for &(group, lo, hi) in CHECKED_GROUPS {
+        let Some(size) = t.get(&format!("{group}.size")) else {
+            continue;
+        };
+        if !(lo..=hi).contains(&size) {
+            return Err(invalid(
+                "_Py_DebugOffsets",
+                format!("{group}.size = {size} is outside {lo}..={hi}"),
+            ));
+        }
+        for &(name, v) in values {
+            let in_group = name
+                .strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('.'));
+            let is_size = name.rsplit('.').next() == Some("size");
+            if in_group && !is_size && !NOT_IN_GROUP.contains(&name) && v >= size {
+                return Err(invalid(
+                    "_Py_DebugOffsets",
+                    format!("{name} = {v} is not below {group}.size = {size}"),
+                ));
+            }
+        }
+    }
+    let enabled = t
+        .get("interpreter_state.gil_runtime_state_enabled")
+        .unwrap_or(0);
+    if enabled >= 256 {
+        return Err(invalid(
+            "_Py_DebugOffsets",
+            format!("gil_runtime_state_enabled = {enabled} is not a small offset"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses the field list of `_Py_DebugOffsets` (after the 24-byte header) from `bytes`.
+pub(crate) fn read_debug_offsets(
+    bytes: &[u8],
+    fields: &'static [&'static str],
+) -> Result<Vec<(&'static str, u64)>, PyError> {
+    let need = DEBUG_OFFSETS_HEADER + fields.len() * 8;
+    if bytes.len() < need {
+        return Err(invalid(
+            "_Py_DebugOffsets",
+            format!("{} bytes, need {need}", bytes.len()),
+        ));
+    }
+    Ok(fields
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let at = DEBUG_OFFSETS_HEADER + i * 8;
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[at..at + 8]);
+            (*name, u64::from_le_bytes(w))
+        })
+        .collect())
+}
+
+/// Number of bytes of `_Py_DebugOffsets` for a version (0 for 3.12: no debug offsets).
+pub(crate) fn debug_offsets_len(facts: &VersionFacts) -> usize {
+    match facts.source {
+        FieldSource::DebugOffsets(f) => DEBUG_OFFSETS_HEADER + f.len() * 8,
+        FieldSource::BuiltIn(_) => 0,
+    }
+}
+
+impl RuntimeLayout {
+    /// Builds the layout of `version` from the bytes of its `_Py_DebugOffsets` (ignored for
+    /// 3.12). Checks the cookie, that the header agrees with `version`, and every bound.
+    pub fn build(version: PyVersion, debug_offsets: &[u8]) -> Result<RuntimeLayout, PyError> {
+        let facts = version_facts(version.major, version.minor, version.free_threaded)?;
+        let table: Vec<(&'static str, u64)> = match facts.source {
+            FieldSource::BuiltIn(t) => t.to_vec(),
+            FieldSource::DebugOffsets(fields) => {
+                let hdr = debug_offsets
+                    .get(..DEBUG_OFFSETS_HEADER)
+                    .unwrap_or_default();
+                if hdr.len() < DEBUG_OFFSETS_HEADER || &hdr[..8] != DEBUG_COOKIE {
+                    return Err(invalid(
+                        "_Py_DebugOffsets",
+                        "the cookie is not \"xdebugpy\"".into(),
+                    ));
+                }
+                let hex = u64::from_le_bytes(hdr[8..16].try_into().unwrap_or_default());
+                let ft = u64::from_le_bytes(hdr[16..24].try_into().unwrap_or_default());
+                let v = PyVersion::from_hex(hex, ft == 1);
+                if (v.major, v.minor, v.free_threaded)
+                    != (version.major, version.minor, version.free_threaded)
+                    || ft > 1
+                {
+                    return Err(invalid(
+                        "_Py_DebugOffsets",
+                        format!(
+                            "header says {} (free_threaded={ft}), expected {}",
+                            v.short(),
+                            version.short()
+                        ),
+                    ));
+                }
+                read_debug_offsets(debug_offsets, fields)?
+            }
+        };
+        validate(&table)?;
+        Self::from_table(version, &facts, table)
+    }
+
+    fn from_table(
+        version: PyVersion,
+        facts: &VersionFacts,
+        table: Vec<(&'static str, u64)>,
+    ) -> Result<RuntimeLayout, PyError> {
+        let t = Table { values: &table };
+        let n = |name| t.need(name);
+        let nonzero = |name| t.get(name).filter(|v| *v != 0);
+        let header_size = n("pyobject.size")?;
+        let status = n("thread_state.status")?;
+        let holds_gil = match facts.holds_gil {
+            HoldsGilFact::None => HoldsGil::Unknown,
+            HoldsGilFact::StatusBit(bit) => HoldsGil::StatusBit {
+                offset: status,
+                bit,
+            },
+            HoldsGilFact::Int(offset) => HoldsGil::Int { offset },
+            HoldsGilFact::Table => HoldsGil::Int {
+                offset: n("thread_state.holds_gil")?,
+            },
+        };
+        let ft = version.free_threaded;
+        let ascii_size = n("unicode_object.asciiobject_size")?;
+        let layout = RuntimeLayout {
+            version,
+            runtime: RuntimeOffsets {
+                size: n("runtime_state.size")?,
+                interpreters_head: n("runtime_state.interpreters_head")?,
+            },
+            interp: InterpOffsets {
+                size: n("interpreter_state.size")?,
+                id: n("interpreter_state.id")?,
+                next: n("interpreter_state.next")?,
+                threads_head: n("interpreter_state.threads_head")?,
+                imports_modules: n("interpreter_state.imports_modules")?,
+                ceval_gil: n("interpreter_state.ceval_gil")?,
+                gil_runtime_state: n("interpreter_state.gil_runtime_state")?,
+                gil_enabled: if ft {
+                    t.get("interpreter_state.gil_runtime_state_enabled")
+                } else {
+                    None
+                },
+                gil_locked: n("interpreter_state.gil_runtime_state_locked")?,
+                gil_holder: n("interpreter_state.gil_runtime_state_holder")?,
+                code_object_generation: nonzero("interpreter_state.code_object_generation"),
+                tlbc_generation: if ft {
+                    nonzero("interpreter_state.tlbc_generation")
+                } else {
+                    None
+                },
+            },
+            tstate: ThreadOffsets {
+                size: n("thread_state.size")?,
+                next: n("thread_state.next")?,
+                interp: n("thread_state.interp")?,
+                current_frame: n("thread_state.current_frame")?,
+                cframe_current_frame: facts.cframe_current_frame,
+                thread_id: n("thread_state.thread_id")?,
+                native_thread_id: n("thread_state.native_thread_id")?,
+                status,
+                holds_gil,
+                state: facts.state,
+            },
+            frame: FrameOffsets {
+                size: n("interpreter_frame.size")?,
+                previous: n("interpreter_frame.previous")?,
+                executable: n("interpreter_frame.executable")?,
+                instr_ptr: n("interpreter_frame.instr_ptr")?,
+                owner: n("interpreter_frame.owner")?,
+                tlbc_index: if ft {
+                    nonzero("interpreter_frame.tlbc_index")
+                } else {
+                    None
+                },
+                instr_is_prev: facts.instr_is_prev,
+                stackref_tag_mask: facts.stackref_tag_mask,
+                first_shim_owner: 3,
+            },
+            code: CodeOffsets {
+                size: n("code_object.size")?,
+                filename: n("code_object.filename")?,
+                name: n("code_object.name")?,
+                qualname: n("code_object.qualname")?,
+                linetable: n("code_object.linetable")?,
+                firstlineno: n("code_object.firstlineno")?,
+                code_adaptive: n("code_object.co_code_adaptive")?,
+                tlbc: if ft {
+                    nonzero("code_object.co_tlbc")
+                } else {
+                    None
+                },
+                tlbc_entries: facts.tlbc_entries,
+                // `PyVarObject.ob_size` is generic: the tuple's is the code object's.
+                ob_size: n("tuple_object.ob_size")?,
+            },
+            object: ObjectOffsets {
+                header_size,
+                ob_type: n("pyobject.ob_type")?,
+            },
+            unicode: UnicodeLayout {
+                length: n("unicode_object.length")?,
+                state: n("unicode_object.state")?,
+                ascii_size,
+                // `sizeof(PyCompactUnicodeObject)` = ASCII object + utf8_length + utf8.
+                compact_size: t
+                    .get("unicode_object.compactunicodeobject_size")
+                    .unwrap_or(ascii_size + 16),
+                kind_shift: facts.unicode_bits.0,
+                compact_bit: facts.unicode_bits.1,
+                ascii_bit: facts.unicode_bits.2,
+            },
+            bytes: BytesOffsets {
+                ob_size: n("bytes_object.ob_size")?,
+                ob_sval: n("bytes_object.ob_sval")?,
+            },
+            dict: DictLayout {
+                ma_keys: n("dict_object.ma_keys")?,
+                ma_values: n("dict_object.ma_values")?,
+                values_array: facts.values_array,
+                managed_dict: facts.managed_dict,
+                inline_values: facts.inline_values,
+                // `PyModuleObject.md_dict` directly follows the object header.
+                module_dict: header_size,
+            },
+            types: TypeOffsets {
+                tp_name: n("type_object.tp_name")?,
+                tp_flags: n("type_object.tp_flags")?,
+                // Not in the debug offsets before 3.15 (§7): `tp_basicsize` directly follows
+                // `tp_name`; `PyHeapTypeObject.ht_cached_keys` is @880 (@896 free-threaded).
+                tp_basicsize: t
+                    .get("type_object.tp_basicsize")
+                    .unwrap_or(n("type_object.tp_name")? + 8),
+                ht_cached_keys: t.get("heap_type_object.ht_cached_keys").unwrap_or(if ft {
+                    896
+                } else {
+                    880
+                }),
+            },
+            long: LongOffsets {
+                lv_tag: n("long_object.lv_tag")?,
+                ob_digit: n("long_object.ob_digit")?,
+            },
+            table,
+        };
+        layout.check_widths()?;
+        Ok(layout)
+    }
+
+    /// Multi-byte fields the walker reads out of one buffer must fit inside it.
+    fn check_widths(&self) -> Result<(), PyError> {
+        let fits = |what: &'static str, off: u64, width: u64, size: u64| {
+            if off.checked_add(width).is_some_and(|e| e <= size) {
+                Ok(())
+            } else {
+                Err(invalid(
+                    what,
+                    format!("offset {off} + {width} exceeds {size}"),
+                ))
+            }
+        };
+        let f = &self.frame;
+        for (what, off) in [
+            ("frame.previous", f.previous),
+            ("frame.executable", f.executable),
+            ("frame.instr_ptr", f.instr_ptr),
+        ] {
+            fits(what, off, 8, f.size)?;
+        }
+        fits("frame.owner", f.owner, 1, f.size)?;
+        let s = &self.tstate;
+        for (what, off) in [
+            ("tstate.next", s.next),
+            ("tstate.current_frame", s.current_frame),
+            ("tstate.thread_id", s.thread_id),
+            ("tstate.native_thread_id", s.native_thread_id),
+        ] {
+            fits(what, off, 8, s.size)?;
+        }
+        fits("tstate.status", s.status, 4, s.size)?;
+        if let Some(state) = s.state {
+            fits("tstate.state", state, 4, s.size)?;
+        }
+        if let HoldsGil::Int { offset } | HoldsGil::StatusBit { offset, .. } = s.holds_gil {
+            fits("tstate.holds_gil", offset, 4, s.size)?;
+        }
+        let c = &self.code;
+        for (what, off) in [
+            ("code.filename", c.filename),
+            ("code.qualname", c.qualname),
+            ("code.linetable", c.linetable),
+            ("code.ob_size", c.ob_size),
+        ] {
+            fits(what, off, 8, c.size)?;
+        }
+        fits("code.firstlineno", c.firstlineno, 4, c.size)?;
+        fits("code.co_code_adaptive", c.code_adaptive, 2, c.size)?;
+        fits(
+            "object.ob_type",
+            self.object.ob_type,
+            8,
+            self.object.header_size,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::testimage::debug_offsets_bytes;
+
+    fn v(minor: u8, ft: bool) -> PyVersion {
+        PyVersion {
+            major: 3,
+            minor,
+            micro: 0,
+            level: 0xF,
+            serial: 0,
+            free_threaded: ft,
+        }
+    }
+
+    #[test]
+    fn field_lists_have_the_documented_sizes() {
+        assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_313.len() * 8, 584);
+        assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_314.len() * 8, 760);
+        assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_315.len() * 8, 888);
+        // 3.15 inserted fields: `thread_id` moved from @208 (3.14) to @240 (§2.3).
+        let at = |f: &[&str], n: &str| f.iter().position(|x| *x == n).map(|i| 24 + i * 8);
+        assert_eq!(at(FIELDS_314, "thread_state.thread_id"), Some(216));
+        assert_eq!(at(FIELDS_315, "thread_state.thread_id"), Some(240));
+        assert_eq!(
+            at(FIELDS_315, "unicode_object.compactunicodeobject_size"),
+            Some(744)
+        );
+        assert_eq!(at(FIELDS_313, "gc.collecting"), Some(576));
+    }
+
+    #[test]
+    fn version_display_and_unsupported() {
+        assert_eq!(
+            PyVersion::from_hex(0x030f_00a3, false).to_string(),
+            "3.15.0a3"
+        );
+        assert_eq!(PyVersion::from_hex(0x030d_0ff0, true).short(), "3.13t");
+        let e = RuntimeLayout::build(v(16, false), &[]).unwrap_err();
+        assert_eq!(e.to_string(), "unsupported CPython 3.16");
+        assert!(RuntimeLayout::build(v(11, false), &[]).is_err());
+    }
+
+    #[test]
+    fn builds_every_supported_layout() {
+        for (minor, ft) in [
+            (13, false),
+            (13, true),
+            (14, false),
+            (14, true),
+            (15, false),
+        ] {
+            let bytes = debug_offsets_bytes(minor, ft);
+            let l = RuntimeLayout::build(v(minor, ft), &bytes).unwrap();
+            assert_eq!(l.object.header_size, if ft { 32 } else { 16 });
+            assert_eq!(l.frame.tlbc_index.is_some(), ft && minor >= 14);
+        }
+        let l = RuntimeLayout::build(v(12, false), &[]).unwrap();
+        assert_eq!(l.tstate.cframe_current_frame, Some(0));
+        assert_eq!(l.runtime.interpreters_head, 40);
+    }
+
+    #[test]
+    fn rejects_bad_cookie_mismatch_and_out_of_bounds() {
+        let mut bytes = debug_offsets_bytes(14, false);
+        assert!(
+            RuntimeLayout::build(v(14, true), &bytes).is_err(),
+            "free_threaded mismatch"
+        );
+        assert!(
+            RuntimeLayout::build(v(13, false), &bytes).is_err(),
+            "minor mismatch"
+        );
+        bytes[0] = b'X';
+        assert!(
+            RuntimeLayout::build(v(14, false), &bytes).is_err(),
+            "cookie"
+        );
+        let mut bytes = debug_offsets_bytes(14, false);
+        let owner = 24
+            + FIELDS_314
+                .iter()
+                .position(|f| *f == "interpreter_frame.owner")
+                .unwrap()
+                * 8;
+        bytes[owner..owner + 8].copy_from_slice(&88u64.to_le_bytes());
+        let e = RuntimeLayout::build(v(14, false), &bytes)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interpreter_frame.owner"), "{e}");
+        assert!(
+            RuntimeLayout::build(v(14, false), &bytes[..700]).is_err(),
+            "short"
+        );
+    }
+}

@@ -1,0 +1,1056 @@
+//! Synthetic memory images of a CPython process, for unit, property and fuzz tests.
+//!
+//! Owns: [`ImageBuilder`], which lays out a runtime, its `_Py_DebugOffsets`, an interpreter,
+//! thread states, frames (with owners, stackref tags and 3.15's base frame), code objects with
+//! location tables and thread-local bytecode copies, `str`/`bytes` objects of every kind, and
+//! `threading._active` with `Thread` instances — all from a [`RuntimeLayout`], so the same
+//! offsets drive the builder and the reader. [`Flavor`]s carry the documented debug-offset values
+//! (cpython-layouts §2: 3.13.0, 3.13.15t, 3.14.10, 3.14t from v3.14.0 headers, 3.15.2).
+//! Input: a flavor and calls describing the process. Output: an [`ImageMemory`] + layout + target.
+//! Constraints: each object is its own region with a gap after it, so a reader that reads past
+//! an object faults here (stricter than a real heap). Faithfulness to real interpreters is
+//! checked by `live_tests::builder_matches_live_*`.
+
+use super::code::Target;
+use super::layout::{DEBUG_COOKIE, ManagedDict, PyVersion, RuntimeLayout};
+use super::linetable::LineTableWriter;
+use super::memory::ImageMemory;
+use super::tables::{FIELDS_313, FIELDS_314, FIELDS_315};
+use super::unicode::StrState;
+
+/// Documented values of one interpreter build.
+pub struct FlavorData {
+    pub name: &'static str,
+    pub hex: u64,
+    pub ft: bool,
+    pub fields: &'static [&'static str],
+    pub values: &'static [(&'static str, u64)],
+}
+
+/// Which interpreter build an image imitates.
+#[derive(Clone, Copy)]
+pub struct Flavor(pub &'static FlavorData);
+
+impl std::fmt::Debug for Flavor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name)
+    }
+}
+
+const COMMON_313: &[(&str, u64)] = &[
+    ("runtime_state.finalizing", 608),
+    ("runtime_state.interpreters_head", 632),
+    ("interpreter_state.id", 7272),
+    ("interpreter_state.next", 7264),
+    ("interpreter_state.threads_head", 7344),
+    ("interpreter_state.gc", 7400),
+    ("interpreter_state.ceval_gil", 16),
+    ("thread_state.next", 8),
+    ("thread_state.interp", 16),
+    ("thread_state.current_frame", 72),
+    ("thread_state.thread_id", 152),
+    ("thread_state.native_thread_id", 160),
+    ("thread_state.datastack_chunk", 232),
+    ("thread_state.status", 32),
+    ("interpreter_frame.size", 80),
+    ("interpreter_frame.previous", 8),
+    ("interpreter_frame.instr_ptr", 56),
+    ("interpreter_frame.localsplus", 72),
+    ("interpreter_frame.owner", 70),
+];
+
+/// 3.13.0 (default build), cpython-layouts §2.1.
+const V313_VALUES: &[(&str, u64)] = &[
+    ("runtime_state.size", 283_320),
+    ("interpreter_state.size", 194_968),
+    ("interpreter_state.imports_modules", 7656),
+    ("interpreter_state.sysdict", 7640),
+    ("interpreter_state.builtins", 7648),
+    ("interpreter_state.gil_runtime_state", 7752),
+    ("interpreter_state.gil_runtime_state_locked", 7768),
+    ("interpreter_state.gil_runtime_state_holder", 7760),
+    ("thread_state.size", 304),
+    ("code_object.size", 208),
+    ("code_object.filename", 112),
+    ("code_object.name", 120),
+    ("code_object.qualname", 128),
+    ("code_object.linetable", 136),
+    ("code_object.firstlineno", 68),
+    ("code_object.argcount", 52),
+    ("code_object.localsplusnames", 96),
+    ("code_object.localspluskinds", 104),
+    ("code_object.co_code_adaptive", 200),
+    ("pyobject.size", 16),
+    ("pyobject.ob_type", 8),
+    ("type_object.size", 416),
+    ("type_object.tp_name", 24),
+    ("type_object.tp_repr", 88),
+    ("type_object.tp_flags", 168),
+    ("tuple_object.size", 32),
+    ("tuple_object.ob_item", 24),
+    ("tuple_object.ob_size", 16),
+    ("list_object.size", 40),
+    ("list_object.ob_item", 24),
+    ("list_object.ob_size", 16),
+    ("dict_object.size", 48),
+    ("dict_object.ma_keys", 32),
+    ("dict_object.ma_values", 40),
+    ("float_object.size", 24),
+    ("float_object.ob_fval", 16),
+    ("long_object.size", 32),
+    ("long_object.lv_tag", 16),
+    ("long_object.ob_digit", 24),
+    ("bytes_object.size", 40),
+    ("bytes_object.ob_size", 16),
+    ("bytes_object.ob_sval", 32),
+    ("unicode_object.size", 64),
+    ("unicode_object.state", 32),
+    ("unicode_object.length", 16),
+    ("unicode_object.asciiobject_size", 40),
+    ("gc.size", 240),
+    ("gc.collecting", 200),
+];
+
+/// 3.13.15t (free-threaded), cpython-layouts §2.1.
+const V313T_VALUES: &[(&str, u64)] = &[
+    ("runtime_state.size", 328_384),
+    ("interpreter_state.size", 215_616),
+    ("interpreter_state.imports_modules", 7664),
+    ("interpreter_state.sysdict", 7648),
+    ("interpreter_state.builtins", 7656),
+    ("interpreter_state.gil_runtime_state", 7760),
+    ("interpreter_state.gil_runtime_state_locked", 7784),
+    ("interpreter_state.gil_runtime_state_holder", 7776),
+    ("thread_state.size", 312),
+    ("code_object.size", 224),
+    ("code_object.filename", 128),
+    ("code_object.name", 136),
+    ("code_object.qualname", 144),
+    ("code_object.linetable", 152),
+    ("code_object.firstlineno", 84),
+    ("code_object.argcount", 68),
+    ("code_object.localsplusnames", 112),
+    ("code_object.localspluskinds", 120),
+    ("code_object.co_code_adaptive", 216),
+    ("pyobject.size", 32),
+    ("pyobject.ob_type", 24),
+    ("type_object.size", 432),
+    ("type_object.tp_name", 40),
+    ("type_object.tp_repr", 104),
+    ("type_object.tp_flags", 184),
+    ("tuple_object.size", 48),
+    ("tuple_object.ob_item", 40),
+    ("tuple_object.ob_size", 32),
+    ("list_object.size", 56),
+    ("list_object.ob_item", 40),
+    ("list_object.ob_size", 32),
+    ("dict_object.size", 64),
+    ("dict_object.ma_keys", 48),
+    ("dict_object.ma_values", 56),
+    ("float_object.size", 40),
+    ("float_object.ob_fval", 32),
+    ("long_object.size", 48),
+    ("long_object.lv_tag", 32),
+    ("long_object.ob_digit", 40),
+    ("bytes_object.size", 56),
+    ("bytes_object.ob_size", 32),
+    ("bytes_object.ob_sval", 48),
+    ("unicode_object.size", 80),
+    ("unicode_object.state", 48),
+    ("unicode_object.length", 32),
+    ("unicode_object.asciiobject_size", 56),
+    ("gc.size", 248),
+    ("gc.collecting", 200),
+];
+
+/// 3.14.10 (Debian, default build), cpython-layouts §2.2.
+const V314_VALUES: &[(&str, u64)] = &[
+    ("runtime_state.size", 316_616),
+    ("runtime_state.finalizing", 784),
+    ("runtime_state.interpreters_head", 808),
+    ("interpreter_state.size", 225_864),
+    ("interpreter_state.id", 7280),
+    ("interpreter_state.next", 7272),
+    ("interpreter_state.threads_head", 7344),
+    ("interpreter_state.threads_main", 7360),
+    ("interpreter_state.gc", 7408),
+    ("interpreter_state.imports_modules", 7688),
+    ("interpreter_state.sysdict", 7672),
+    ("interpreter_state.builtins", 7680),
+    ("interpreter_state.ceval_gil", 16),
+    ("interpreter_state.gil_runtime_state", 7784),
+    ("interpreter_state.gil_runtime_state_locked", 7800),
+    ("interpreter_state.gil_runtime_state_holder", 7792),
+    ("interpreter_state.code_object_generation", 7992),
+    ("thread_state.size", 832),
+    ("thread_state.next", 8),
+    ("thread_state.interp", 16),
+    ("thread_state.current_frame", 72),
+    ("thread_state.thread_id", 152),
+    ("thread_state.native_thread_id", 160),
+    ("thread_state.datastack_chunk", 232),
+    ("thread_state.status", 32),
+    ("interpreter_frame.size", 88),
+    ("interpreter_frame.previous", 8),
+    ("interpreter_frame.instr_ptr", 56),
+    ("interpreter_frame.localsplus", 80),
+    ("interpreter_frame.owner", 74),
+    ("interpreter_frame.stackpointer", 64),
+    ("code_object.size", 216),
+    ("code_object.filename", 112),
+    ("code_object.name", 120),
+    ("code_object.qualname", 128),
+    ("code_object.linetable", 136),
+    ("code_object.firstlineno", 68),
+    ("code_object.argcount", 52),
+    ("code_object.localsplusnames", 96),
+    ("code_object.localspluskinds", 104),
+    ("code_object.co_code_adaptive", 208),
+    ("pyobject.size", 16),
+    ("pyobject.ob_type", 8),
+    ("type_object.size", 416),
+    ("type_object.tp_name", 24),
+    ("type_object.tp_repr", 88),
+    ("type_object.tp_flags", 168),
+    ("tuple_object.size", 40),
+    ("tuple_object.ob_item", 32),
+    ("tuple_object.ob_size", 16),
+    ("list_object.size", 40),
+    ("list_object.ob_item", 24),
+    ("list_object.ob_size", 16),
+    ("set_object.size", 200),
+    ("set_object.used", 24),
+    ("set_object.table", 40),
+    ("set_object.mask", 32),
+    ("dict_object.size", 48),
+    ("dict_object.ma_keys", 32),
+    ("dict_object.ma_values", 40),
+    ("float_object.size", 24),
+    ("float_object.ob_fval", 16),
+    ("long_object.size", 32),
+    ("long_object.lv_tag", 16),
+    ("long_object.ob_digit", 24),
+    ("bytes_object.size", 40),
+    ("bytes_object.ob_size", 16),
+    ("bytes_object.ob_sval", 32),
+    ("unicode_object.size", 64),
+    ("unicode_object.state", 32),
+    ("unicode_object.length", 16),
+    ("unicode_object.asciiobject_size", 40),
+    ("gc.size", 264),
+    ("gc.collecting", 192),
+    ("gen_object.size", 160),
+    ("gen_object.gi_name", 24),
+    ("gen_object.gi_iframe", 72),
+    ("gen_object.gi_frame_state", 67),
+    ("llist_node.prev", 8),
+    ("debugger_support.eval_breaker", 24),
+    ("debugger_support.remote_debugger_support", 304),
+    ("debugger_support.remote_debugging_enabled", 8076),
+    ("debugger_support.debugger_script_path", 4),
+    ("debugger_support.debugger_script_path_size", 512),
+];
+
+/// 3.14t from the v3.14.0 free-threaded headers (py-spy PR #819 bindings) — UNVERIFIED,
+/// cpython-layouts §2.2: 32-byte header, owner @78, `tlbc_index` @72, `co_tlbc` @224.
+const V314T_VALUES: &[(&str, u64)] = &[
+    ("runtime_state.size", 362_304),
+    ("runtime_state.finalizing", 784),
+    ("runtime_state.interpreters_head", 808),
+    ("interpreter_state.size", 246_656),
+    ("interpreter_state.id", 7280),
+    ("interpreter_state.next", 7272),
+    ("interpreter_state.threads_head", 7344),
+    ("interpreter_state.threads_main", 7360),
+    ("interpreter_state.gc", 7408),
+    ("interpreter_state.imports_modules", 7712),
+    ("interpreter_state.sysdict", 7696),
+    ("interpreter_state.builtins", 7704),
+    ("interpreter_state.ceval_gil", 16),
+    ("interpreter_state.gil_runtime_state", 7808),
+    ("interpreter_state.gil_runtime_state_locked", 7832),
+    ("interpreter_state.gil_runtime_state_holder", 7824),
+    ("interpreter_state.code_object_generation", 8024),
+    ("interpreter_state.tlbc_generation", 17_628),
+    ("thread_state.size", 824),
+    ("thread_state.next", 8),
+    ("thread_state.interp", 16),
+    ("thread_state.current_frame", 72),
+    ("thread_state.thread_id", 152),
+    ("thread_state.native_thread_id", 160),
+    ("thread_state.datastack_chunk", 232),
+    ("thread_state.status", 32),
+    ("interpreter_frame.size", 88),
+    ("interpreter_frame.previous", 8),
+    ("interpreter_frame.instr_ptr", 56),
+    ("interpreter_frame.localsplus", 80),
+    ("interpreter_frame.owner", 78),
+    ("interpreter_frame.stackpointer", 64),
+    ("interpreter_frame.tlbc_index", 72),
+    ("code_object.size", 240),
+    ("code_object.filename", 128),
+    ("code_object.name", 136),
+    ("code_object.qualname", 144),
+    ("code_object.linetable", 152),
+    ("code_object.firstlineno", 84),
+    ("code_object.argcount", 68),
+    ("code_object.localsplusnames", 112),
+    ("code_object.localspluskinds", 120),
+    ("code_object.co_code_adaptive", 232),
+    ("code_object.co_tlbc", 224),
+    ("pyobject.size", 32),
+    ("pyobject.ob_type", 24),
+    ("type_object.size", 432),
+    ("type_object.tp_name", 40),
+    ("type_object.tp_repr", 104),
+    ("type_object.tp_flags", 184),
+    ("tuple_object.size", 56),
+    ("tuple_object.ob_item", 48),
+    ("tuple_object.ob_size", 32),
+    ("list_object.size", 56),
+    ("list_object.ob_item", 40),
+    ("list_object.ob_size", 32),
+    ("dict_object.size", 64),
+    ("dict_object.ma_keys", 48),
+    ("dict_object.ma_values", 56),
+    ("float_object.size", 40),
+    ("float_object.ob_fval", 32),
+    ("long_object.size", 48),
+    ("long_object.lv_tag", 32),
+    ("long_object.ob_digit", 40),
+    ("bytes_object.size", 56),
+    ("bytes_object.ob_size", 32),
+    ("bytes_object.ob_sval", 48),
+    ("unicode_object.size", 80),
+    ("unicode_object.state", 48),
+    ("unicode_object.length", 32),
+    ("unicode_object.asciiobject_size", 56),
+    ("gc.size", 288),
+    ("gc.collecting", 192),
+    ("llist_node.prev", 8),
+    ("debugger_support.eval_breaker", 24),
+    ("debugger_support.remote_debugger_support", 304),
+    ("debugger_support.remote_debugging_enabled", 8108),
+    ("debugger_support.debugger_script_path", 4),
+    ("debugger_support.debugger_script_path_size", 512),
+];
+
+/// 3.15.2 (Debian), cpython-layouts §2.3.
+const V315_VALUES: &[(&str, u64)] = &[
+    ("runtime_state.size", 346_568),
+    ("runtime_state.finalizing", 912),
+    ("runtime_state.interpreters_head", 936),
+    ("interpreter_state.size", 226_240),
+    ("interpreter_state.id", 7272),
+    ("interpreter_state.next", 7264),
+    ("interpreter_state.threads_head", 7336),
+    ("interpreter_state.threads_main", 7352),
+    ("interpreter_state.gc", 7400),
+    ("interpreter_state.imports_modules", 7592),
+    ("interpreter_state.sysdict", 7576),
+    ("interpreter_state.builtins", 7584),
+    ("interpreter_state.ceval_gil", 16),
+    ("interpreter_state.gil_runtime_state", 7736),
+    ("interpreter_state.gil_runtime_state_locked", 7752),
+    ("interpreter_state.gil_runtime_state_holder", 7744),
+    ("interpreter_state.code_object_generation", 7944),
+    ("thread_state.size", 888),
+    ("thread_state.next", 8),
+    ("thread_state.interp", 16),
+    ("thread_state.current_frame", 72),
+    ("thread_state.base_frame", 80),
+    ("thread_state.last_profiled_frame", 88),
+    ("thread_state.last_profiled_frame_seq", 96),
+    ("thread_state.thread_id", 176),
+    ("thread_state.native_thread_id", 184),
+    ("thread_state.datastack_chunk", 256),
+    ("thread_state.status", 32),
+    ("thread_state.holds_gil", 36),
+    ("thread_state.gil_requested", 40),
+    ("thread_state.current_exception", 136),
+    ("thread_state.exc_state", 288),
+    ("interpreter_frame.size", 88),
+    ("interpreter_frame.previous", 8),
+    ("interpreter_frame.instr_ptr", 56),
+    ("interpreter_frame.localsplus", 80),
+    ("interpreter_frame.owner", 74),
+    ("interpreter_frame.stackpointer", 64),
+    ("code_object.size", 216),
+    ("code_object.filename", 112),
+    ("code_object.name", 120),
+    ("code_object.qualname", 128),
+    ("code_object.linetable", 136),
+    ("code_object.firstlineno", 68),
+    ("code_object.argcount", 52),
+    ("code_object.localsplusnames", 96),
+    ("code_object.localspluskinds", 104),
+    ("code_object.co_code_adaptive", 208),
+    ("pyobject.size", 16),
+    ("pyobject.ob_type", 8),
+    ("type_object.size", 424),
+    ("type_object.tp_name", 24),
+    ("type_object.tp_repr", 88),
+    ("type_object.tp_flags", 168),
+    ("type_object.tp_basicsize", 32),
+    ("type_object.tp_dictoffset", 288),
+    ("heap_type_object.size", 944),
+    ("heap_type_object.ht_cached_keys", 888),
+    ("tuple_object.size", 40),
+    ("tuple_object.ob_item", 32),
+    ("tuple_object.ob_size", 16),
+    ("list_object.size", 40),
+    ("list_object.ob_item", 24),
+    ("list_object.ob_size", 16),
+    ("set_object.size", 200),
+    ("set_object.used", 24),
+    ("set_object.table", 40),
+    ("set_object.mask", 32),
+    ("dict_object.size", 48),
+    ("dict_object.ma_keys", 32),
+    ("dict_object.ma_values", 40),
+    ("float_object.size", 24),
+    ("float_object.ob_fval", 16),
+    ("long_object.size", 32),
+    ("long_object.lv_tag", 16),
+    ("long_object.ob_digit", 24),
+    ("bytes_object.size", 40),
+    ("bytes_object.ob_size", 16),
+    ("bytes_object.ob_sval", 32),
+    ("unicode_object.size", 64),
+    ("unicode_object.state", 32),
+    ("unicode_object.length", 16),
+    ("unicode_object.asciiobject_size", 40),
+    ("unicode_object.compactunicodeobject_size", 56),
+    ("gc.size", 176),
+    ("gc.collecting", 112),
+    ("gc.frame", 120),
+    ("gc.generation_stats_size", 1120),
+    ("gc.generation_stats", 104),
+    ("gen_object.size", 160),
+    ("gen_object.gi_name", 24),
+    ("gen_object.gi_iframe", 72),
+    ("gen_object.gi_frame_state", 67),
+    ("llist_node.prev", 8),
+    ("debugger_support.eval_breaker", 24),
+    ("debugger_support.remote_debugger_support", 344),
+    ("debugger_support.remote_debugging_enabled", 8028),
+    ("debugger_support.debugger_script_path", 4),
+    ("debugger_support.debugger_script_path_size", 512),
+];
+
+impl Flavor {
+    pub const V312: Flavor = Flavor(&FlavorData {
+        name: "3.12",
+        hex: 0x030c_01f0,
+        ft: false,
+        fields: &[],
+        values: &[],
+    });
+    pub const V313: Flavor = Flavor(&FlavorData {
+        name: "3.13",
+        hex: 0x030d_00f0,
+        ft: false,
+        fields: FIELDS_313,
+        values: V313_VALUES,
+    });
+    pub const V313T: Flavor = Flavor(&FlavorData {
+        name: "3.13t",
+        hex: 0x030d_0ff0,
+        ft: true,
+        fields: FIELDS_313,
+        values: V313T_VALUES,
+    });
+    pub const V314: Flavor = Flavor(&FlavorData {
+        name: "3.14",
+        hex: 0x030e_0af0,
+        ft: false,
+        fields: FIELDS_314,
+        values: V314_VALUES,
+    });
+    pub const V314T: Flavor = Flavor(&FlavorData {
+        name: "3.14t",
+        hex: 0x030e_00f0,
+        ft: true,
+        fields: FIELDS_314,
+        values: V314T_VALUES,
+    });
+    pub const V315: Flavor = Flavor(&FlavorData {
+        name: "3.15",
+        hex: 0x030f_02f0,
+        ft: false,
+        fields: FIELDS_315,
+        values: V315_VALUES,
+    });
+    pub const ALL: [Flavor; 6] = [
+        Flavor::V312,
+        Flavor::V313,
+        Flavor::V313T,
+        Flavor::V314,
+        Flavor::V314T,
+        Flavor::V315,
+    ];
+
+    pub fn is_ft(self) -> bool {
+        self.0.ft
+    }
+
+    pub fn version(self) -> PyVersion {
+        PyVersion::from_hex(self.0.hex, self.0.ft)
+    }
+
+    /// The value the documentation gives for a debug-offsets field (0 when it gives none).
+    pub fn value(self, name: &str) -> u64 {
+        let common = if self.0.fields.len() == FIELDS_313.len() {
+            COMMON_313
+        } else {
+            &[]
+        };
+        self.0
+            .values
+            .iter()
+            .chain(common)
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+/// The `_Py_DebugOffsets` bytes of a flavor (cookie, version, free_threaded, field values).
+pub fn debug_offsets_bytes(minor: u8, ft: bool) -> Vec<u8> {
+    let flavor = Flavor::ALL
+        .into_iter()
+        .find(|f| f.version().minor == minor && f.is_ft() == ft)
+        .expect("a known flavor");
+    let mut out = DEBUG_COOKIE.to_vec();
+    out.extend(flavor.0.hex.to_le_bytes());
+    out.extend(u64::from(ft).to_le_bytes());
+    for name in flavor.0.fields {
+        out.extend(flavor.value(name).to_le_bytes());
+    }
+    out
+}
+
+/// A code object to lay out: `lines` are (line, code units) runs, in bytecode order.
+pub struct CodeSpec<'a> {
+    pub qualname: &'a str,
+    pub filename: &'a str,
+    pub firstlineno: i32,
+    pub lines: &'a [(i32, u8)],
+}
+
+impl<'a> CodeSpec<'a> {
+    pub fn simple(
+        qualname: &'a str,
+        filename: &'a str,
+        firstlineno: i32,
+        lines: &'a [(i32, u8)],
+    ) -> CodeSpec<'a> {
+        CodeSpec {
+            qualname,
+            filename,
+            firstlineno,
+            lines,
+        }
+    }
+}
+
+const IMAGE_BASE: u64 = 0x40_0000;
+const HEAP_BASE: u64 = 0x7f00_0000_0000;
+/// Unmapped bytes after every object.
+const GAP: u64 = 0x40;
+const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
+const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
+
+/// Builds a synthetic process image; see the module header.
+pub struct ImageBuilder {
+    layout: RuntimeLayout,
+    mem: ImageMemory,
+    image_next: u64,
+    heap_next: u64,
+    runtime: u64,
+    interp: u64,
+    types: Types,
+    none: u64,
+}
+
+/// Addresses of the type objects the reader compares against.
+struct Types {
+    code: u64,
+    str_: u64,
+    bytes: u64,
+    int: u64,
+    dict: u64,
+    module: u64,
+}
+
+impl ImageBuilder {
+    pub fn new(flavor: Flavor) -> ImageBuilder {
+        let version = flavor.version();
+        let dbg = if flavor.0.fields.is_empty() {
+            Vec::new()
+        } else {
+            debug_offsets_bytes(version.minor, version.free_threaded)
+        };
+        let layout = RuntimeLayout::build(version, &dbg).expect("documented layouts are valid");
+        let mut b = ImageBuilder {
+            layout,
+            mem: ImageMemory::new(),
+            image_next: IMAGE_BASE,
+            heap_next: HEAP_BASE,
+            runtime: 0,
+            interp: 0,
+            types: Types {
+                code: 0,
+                str_: 0,
+                bytes: 0,
+                int: 0,
+                dict: 0,
+                module: 0,
+            },
+            none: 0,
+        };
+        b.runtime = b.alloc_image(b.layout.runtime.size);
+        if !dbg.is_empty() {
+            b.write(b.runtime, &dbg);
+        }
+        let ty = |b: &mut ImageBuilder| b.alloc_image(b.layout.types.ht_cached_keys + 8);
+        b.types = Types {
+            code: ty(&mut b),
+            str_: ty(&mut b),
+            bytes: ty(&mut b),
+            int: ty(&mut b),
+            dict: ty(&mut b),
+            module: ty(&mut b),
+        };
+        b.none = b.alloc_image(b.layout.object.header_size);
+        b.interp = b.alloc(b.layout.interp.size);
+        b.w64(b.runtime + b.layout.runtime.interpreters_head, b.interp);
+        // `ceval.gil` points at the embedded `_gil`; a free-threaded GIL starts disabled.
+        b.w64(
+            b.interp + b.layout.interp.ceval_gil,
+            b.interp + b.layout.interp.gil_runtime_state,
+        );
+        b
+    }
+
+    pub fn layout(&self) -> &RuntimeLayout {
+        &self.layout
+    }
+
+    pub fn memory(&self) -> ImageMemory {
+        self.mem.clone()
+    }
+
+    pub fn runtime_addr(&self) -> u64 {
+        self.runtime
+    }
+
+    pub fn interp_addr(&self) -> u64 {
+        self.interp
+    }
+
+    pub fn target(&self) -> Target {
+        Target {
+            pid: 0,
+            pycode_type: Some(self.types.code),
+            image: vec![(IMAGE_BASE, self.image_next)],
+        }
+    }
+
+    fn alloc_in(next: &mut u64, mem: &mut ImageMemory, size: u64) -> u64 {
+        let addr = *next;
+        mem.insert(addr, vec![0u8; size as usize]);
+        *next = (addr + size + GAP + 15) & !15;
+        addr
+    }
+
+    /// A zeroed heap object of `size` bytes.
+    pub fn alloc(&mut self, size: u64) -> u64 {
+        Self::alloc_in(&mut self.heap_next, &mut self.mem, size)
+    }
+
+    /// A zeroed object inside the interpreter's ELF image (static objects).
+    pub fn alloc_image(&mut self, size: u64) -> u64 {
+        Self::alloc_in(&mut self.image_next, &mut self.mem, size)
+    }
+
+    pub fn write(&mut self, addr: u64, bytes: &[u8]) {
+        self.mem
+            .bytes_mut(addr, bytes.len())
+            .unwrap_or_else(|| panic!("write outside an object at {addr:#x}"))
+            .copy_from_slice(bytes);
+    }
+
+    pub fn w64(&mut self, addr: u64, v: u64) {
+        self.write(addr, &v.to_le_bytes());
+    }
+
+    pub fn w32(&mut self, addr: u64, v: u32) {
+        self.write(addr, &v.to_le_bytes());
+    }
+
+    fn object(&mut self, size: u64, ty: u64) -> u64 {
+        let a = self.alloc(size);
+        self.w64(a + self.layout.object.ob_type, ty);
+        a
+    }
+
+    /// A compact `str` (ASCII, or kind 1/2/4 by its widest character).
+    pub fn str_object(&mut self, s: &str) -> u64 {
+        let (kind, ascii, data) = encode_str(s);
+        let u = self.layout.unicode.clone();
+        let head = if ascii { u.ascii_size } else { u.compact_size };
+        let a = self.object(head + data.len() as u64 + kind, self.types.str_);
+        self.w64(a + u.length, s.chars().count() as u64);
+        let st = StrState {
+            kind: kind as u32,
+            compact: true,
+            ascii,
+        }
+        .encode(&self.layout);
+        self.w32(a + u.state, st);
+        self.write(a + head, &data);
+        a
+    }
+
+    /// A legacy (non-compact) `str` whose characters live in a separate buffer.
+    pub fn legacy_str_object(&mut self, s: &str) -> u64 {
+        let (kind, ascii, data) = encode_str(s);
+        let u = self.layout.unicode.clone();
+        let a = self.object(u.compact_size + 8, self.types.str_);
+        self.w64(a + u.length, s.chars().count() as u64);
+        let st = StrState {
+            kind: kind as u32,
+            compact: false,
+            ascii,
+        }
+        .encode(&self.layout);
+        self.w32(a + u.state, st);
+        let buf = self.alloc(data.len() as u64 + kind);
+        self.write(buf, &data);
+        self.w64(a + u.compact_size, buf);
+        a
+    }
+
+    pub fn bytes_object(&mut self, data: &[u8]) -> u64 {
+        let b = self.layout.bytes.clone();
+        let a = self.object(b.ob_sval + data.len() as u64 + 1, self.types.bytes);
+        self.w64(a + b.ob_size, data.len() as u64);
+        self.write(a + b.ob_sval, data);
+        a
+    }
+
+    /// A code object; its bytecode units are filled with a recognisable pattern.
+    pub fn code(&mut self, spec: &CodeSpec<'_>) -> u64 {
+        let mut w = LineTableWriter::new(spec.firstlineno);
+        for &(line, units) in spec.lines {
+            w.entry(line, units);
+        }
+        let units: u64 = spec.lines.iter().map(|&(_, u)| u64::from(u)).sum();
+        self.code_raw(
+            spec.qualname,
+            spec.filename,
+            spec.firstlineno,
+            &w.bytes,
+            units,
+            false,
+        )
+    }
+
+    /// A code object from raw parts; `in_image` places it in the interpreter's image.
+    pub fn code_raw(
+        &mut self,
+        qualname: &str,
+        filename: &str,
+        firstlineno: i32,
+        table: &[u8],
+        units: u64,
+        in_image: bool,
+    ) -> u64 {
+        let c = self.layout.code.clone();
+        let (qual, file, table) = (
+            self.str_object(qualname),
+            self.str_object(filename),
+            self.bytes_object(table),
+        );
+        let size = c.code_adaptive + 2 * units.max(1);
+        let a = if in_image {
+            self.alloc_image(size)
+        } else {
+            self.alloc(size)
+        };
+        self.w64(a + self.layout.object.ob_type, self.types.code);
+        self.w64(a + c.ob_size, units);
+        self.w64(a + c.qualname, qual);
+        self.w64(a + c.name, qual);
+        self.w64(a + c.filename, file);
+        self.w64(a + c.linetable, table);
+        self.w32(a + c.firstlineno, firstlineno as u32);
+        if let Some(tlbc) = c.tlbc {
+            // `_PyCodeArray { size = 1, entries[0] = co_code_adaptive }`.
+            let arr = self.alloc(c.tlbc_entries + 8);
+            self.w64(arr, 1);
+            self.w64(arr + c.tlbc_entries, a + c.code_adaptive);
+            self.w64(a + tlbc, arr);
+        }
+        a
+    }
+
+    /// The `__init__` shim's static code object (`_Py_InitCleanup`).
+    pub fn init_shim_code(&mut self) -> u64 {
+        self.code_raw("__init__", "__init__", 0, &[0xfb], 2, true)
+    }
+
+    /// Gives `code` thread-local bytecode copies up to `index`; returns the copy's base.
+    pub fn tlbc_copy(&mut self, code: u64, index: u64) -> u64 {
+        let c = self.layout.code.clone();
+        let tlbc = c.tlbc.expect("a free-threaded 3.14+ layout");
+        let units = self.mem_u64(code + c.ob_size);
+        let arr = self.alloc(c.tlbc_entries + 8 * (index + 1));
+        self.w64(arr, index + 1);
+        self.w64(arr + c.tlbc_entries, code + c.code_adaptive);
+        let copy = self.alloc(2 * units);
+        self.w64(arr + c.tlbc_entries + 8 * index, copy);
+        self.w64(code + tlbc, arr);
+        copy
+    }
+
+    fn mem_u64(&mut self, addr: u64) -> u64 {
+        let b = self.mem.bytes_mut(addr, 8).expect("inside an object");
+        u64::from_le_bytes(b.try_into().unwrap_or_default())
+    }
+
+    /// `f_executable` as the build stores it: free-threaded 3.14+ tags every code reference
+    /// (deferred refcount bit), default builds store plain pointers.
+    fn exec_bits(&self, code: u64) -> u64 {
+        let tagged = self.layout.frame.stackref_tag_mask != 0 && self.layout.version.free_threaded;
+        code | u64::from(tagged)
+    }
+
+    /// A frame executing `code` at code unit `unit` (or any raw `exec` bits via `frame_raw`).
+    pub fn frame(&mut self, code: u64, unit: u64, previous: u64) -> u64 {
+        let base = code + self.layout.code.code_adaptive;
+        let bits = self.exec_bits(code);
+        self.frame_raw(bits, base + 2 * unit, 0, previous, 0)
+    }
+
+    /// A frame whose `instr_ptr` points into the thread-local copy `index`.
+    pub fn tlbc_frame(
+        &mut self,
+        code: u64,
+        copy_base: u64,
+        index: i32,
+        unit: u64,
+        previous: u64,
+    ) -> u64 {
+        let bits = self.exec_bits(code);
+        self.frame_raw(bits, copy_base + 2 * unit, 0, previous, index)
+    }
+
+    pub fn frame_raw(
+        &mut self,
+        exec: u64,
+        instr: u64,
+        owner: u8,
+        previous: u64,
+        tlbc_index: i32,
+    ) -> u64 {
+        let f = self.layout.frame.clone();
+        let a = self.alloc(f.size + 16);
+        self.w64(a + f.executable, exec);
+        self.w64(a + f.instr_ptr, instr);
+        self.w64(a + f.previous, previous);
+        self.write(a + f.owner, &[owner]);
+        if let Some(t) = f.tlbc_index {
+            self.w32(a + t, tlbc_index as u32);
+        }
+        a
+    }
+
+    /// An entry frame (owner 3, `f_executable` = None, tagged where stackrefs exist).
+    pub fn entry_frame(&mut self, previous: u64) -> u64 {
+        let none = self.none | u64::from(self.layout.frame.stackref_tag_mask != 0);
+        self.frame_raw(none, 0, 3, previous, 0)
+    }
+
+    /// A thread state (pushed at the head of the interpreter's list) whose current frame is
+    /// `top`; on layouts with a `base_frame` the chain is terminated by an embedded base frame.
+    pub fn thread(&mut self, native_tid: u64, thread_id: u64, top: u64) -> u64 {
+        let t = self.layout.tstate.clone();
+        let f = self.layout.frame.clone();
+        let ts = self.alloc(t.size + f.size + 16);
+        self.w64(ts + t.native_thread_id, native_tid);
+        self.w64(ts + t.thread_id, thread_id);
+        self.w64(ts + t.interp, self.interp);
+        let head = self.interp + self.layout.interp.threads_head;
+        let old = self.mem_u64(head);
+        self.w64(ts + t.next, old);
+        self.w64(head, ts);
+        match t.cframe_current_frame {
+            Some(off) => {
+                let cframe = self.alloc(16);
+                self.w64(cframe + off, top);
+                self.w64(ts + t.current_frame, cframe);
+            }
+            None => self.w64(ts + t.current_frame, top),
+        }
+        ts
+    }
+
+    /// Sets `tstate->state` (3.13+) and the thread's own `holds_gil` flag.
+    pub fn thread_flags(&mut self, ts: u64, attached: bool, holds_gil: bool) {
+        let t = self.layout.tstate.clone();
+        if let Some(s) = t.state {
+            self.w32(ts + s, u32::from(attached));
+        }
+        match t.holds_gil {
+            super::layout::HoldsGil::StatusBit { offset, bit } => {
+                self.w32(ts + offset, u32::from(holds_gil) << bit)
+            }
+            super::layout::HoldsGil::Int { offset } => self.w32(ts + offset, u32::from(holds_gil)),
+            super::layout::HoldsGil::Unknown => {}
+        }
+    }
+
+    /// GIL: `holder` locks it (None: unlocked); `enabled` sets the free-threaded flag.
+    pub fn set_gil(&mut self, holder: Option<u64>, enabled: Option<i32>) {
+        let i = self.layout.interp.clone();
+        self.w32(self.interp + i.gil_locked, u32::from(holder.is_some()));
+        self.w64(self.interp + i.gil_holder, holder.unwrap_or(0xbad));
+        if let (Some(off), Some(en)) = (i.gil_enabled, enabled) {
+            self.w32(self.interp + i.gil_runtime_state + off, en as u32);
+        }
+    }
+
+    /// A keys object: kind 0 (general) or 1 (unicode keys) with combined `values` if given.
+    fn keys_object(&mut self, kind: u8, keys: &[u64], values: Option<&[u64]>) -> u64 {
+        let log2_index_bytes = 3u8;
+        let entry = if kind == 0 { 24 } else { 16 };
+        let a = self.alloc(32 + 8 + entry * keys.len() as u64);
+        self.write(a + 9, &[log2_index_bytes, kind]);
+        self.w64(a + 24, keys.len() as u64);
+        let entries = a + 32 + 8;
+        for (i, k) in keys.iter().enumerate() {
+            let e = entries + entry * i as u64;
+            let (ko, vo) = if kind == 0 { (8, 16) } else { (0, 8) };
+            self.w64(e + ko, *k);
+            if let Some(v) = values {
+                self.w64(e + vo, v[i]);
+            }
+        }
+        a
+    }
+
+    fn dict_object(&mut self, kind: u8, items: &[(u64, u64)]) -> u64 {
+        let (keys, values): (Vec<u64>, Vec<u64>) = items.iter().copied().unzip();
+        let k = self.keys_object(kind, &keys, Some(&values));
+        let d = self.layout.dict.clone();
+        let a = self.object(d.ma_values + 8, self.types.dict);
+        self.w64(a + d.ma_keys, k);
+        a
+    }
+
+    /// A `PyDictValues` for split keys; returns the address of the struct.
+    fn dict_values(&mut self, values: &[u64]) -> u64 {
+        let off = self.layout.dict.values_array;
+        let a = self.alloc(off + 8 * values.len() as u64);
+        for (i, v) in values.iter().enumerate() {
+            self.w64(a + off + 8 * i as u64, *v);
+        }
+        a
+    }
+
+    fn int_object(&mut self, v: u64) -> u64 {
+        let l = self.layout.long.clone();
+        let mut digits = Vec::new();
+        let mut x = u128::from(v);
+        while x != 0 {
+            digits.push((x & 0x3fff_ffff) as u32);
+            x >>= 30;
+        }
+        let a = self.object(l.ob_digit + 4 * digits.len().max(1) as u64, self.types.int);
+        let sign = u64::from(v == 0);
+        self.w64(a + l.lv_tag, ((digits.len() as u64) << 3) | sign);
+        for (i, d) in digits.iter().enumerate() {
+            self.w32(a + l.ob_digit + 4 * i as u64, *d);
+        }
+        a
+    }
+
+    /// `sys.modules["threading"]._active = {ident: Thread}` with `Thread._name`s; `inline`
+    /// selects inline values (3.13+) / tagged values (3.12) rather than a materialised dict.
+    pub fn threading_active(&mut self, threads: &[(u64, &str)], inline: bool) {
+        let l = self.layout.clone();
+        let (k_target, k_name) = (self.str_object("_target"), self.str_object("_name"));
+        let cached = self.keys_object(1, &[k_target, k_name], None);
+        let flags = TPFLAGS_MANAGED_DICT
+            | if inline && l.dict.inline_values {
+                TPFLAGS_INLINE_VALUES
+            } else {
+                0
+            };
+        let basicsize = l.object.header_size;
+        let thread_type = self.alloc(l.types.ht_cached_keys + 8);
+        self.w64(thread_type + l.types.tp_flags, flags);
+        self.w64(thread_type + l.types.tp_basicsize, basicsize);
+        self.w64(thread_type + l.types.ht_cached_keys, cached);
+        let mut active = Vec::new();
+        for &(ident, name) in threads {
+            let n = self.str_object(name);
+            // Pre-header (managed dict pointer) before the object, inline values after it.
+            let pre = 32u64;
+            let block = self.alloc(pre + basicsize + 8 + 16 + 16);
+            let obj = block + pre;
+            self.w64(obj + l.object.ob_type, thread_type);
+            let slot = match l.dict.managed_dict {
+                ManagedDict::Tagged { offset } | ManagedDict::Pointer { offset } => {
+                    obj.wrapping_add_signed(offset)
+                }
+            };
+            let values = [0xdead_beef_u64, n];
+            match (inline, l.dict.managed_dict) {
+                (true, ManagedDict::Tagged { .. }) => {
+                    let v = self.dict_values(&values);
+                    self.w64(slot, v - 1);
+                }
+                (true, ManagedDict::Pointer { .. }) if l.dict.inline_values => {
+                    let off = l.dict.values_array;
+                    self.w64(obj + basicsize + off, values[0]);
+                    self.w64(obj + basicsize + off + 8, values[1]);
+                }
+                _ => {
+                    let d = self.dict_object(1, &[(k_target, values[0]), (k_name, n)]);
+                    self.w64(slot, d);
+                }
+            }
+            let key = self.int_object(ident);
+            active.push((key, obj));
+        }
+        let active = self.dict_object(0, &active);
+        let k_active = self.str_object("_active");
+        let k_other = self.str_object("_limbo");
+        let md = self.dict_object(1, &[(k_other, 0x1234_5678), (k_active, active)]);
+        let module = self.object(l.dict.module_dict + 8, self.types.module);
+        self.w64(module + l.dict.module_dict, md);
+        let (k_sys, k_threading) = (self.str_object("sys"), self.str_object("threading"));
+        let modules = self.dict_object(1, &[(k_sys, 0x1111_0000), (k_threading, module)]);
+        self.w64(self.interp + l.interp.imports_modules, modules);
+    }
+}
+
+/// (kind, ascii, little-endian data) of `s` as CPython would store it.
+fn encode_str(s: &str) -> (u64, bool, Vec<u8>) {
+    let max = s.chars().map(u32::from).max().unwrap_or(0);
+    let kind: u64 = if max < 0x100 {
+        1
+    } else if max < 0x1_0000 {
+        2
+    } else {
+        4
+    };
+    let mut data = Vec::new();
+    for c in s.chars() {
+        let v = u32::from(c);
+        data.extend_from_slice(&v.to_le_bytes()[..kind as usize]);
+    }
+    (kind, max < 0x80, data)
+}

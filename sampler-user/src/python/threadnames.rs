@@ -1,0 +1,266 @@
+//! Thread names from `threading._active`.
+//!
+//! Owns: a bounded reader of dicts (combined, split and inline-values), ints and instance
+//! attributes — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
+//! → `{ident: Thread}` → `Thread._name`.
+//! Input: a [`Ctx`] and an interpreter address. Output: `pthread_t` → name.
+//! Constraints: every count is capped ([`MAX_DICT_ENTRIES`], names ≤ [`MAX_NAME_CHARS`] chars);
+//! keys are compared after decoding, so non-ASCII names work; any failure is an error value (the
+//! caller counts it and falls back to the OS thread name).
+//! Layouts: `PyDictKeysObject` / `PyDictValues` in `Include/internal/pycore_dict.h`
+//! (<https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_dict.h>),
+//! `_PyObject_ManagedDictPointer` / `_PyObject_InlineValues` in `pycore_object.h`,
+//! `PyLongObject` in `Include/cpython/longintrepr.h`; cpython-layouts §7.
+
+use std::collections::HashMap;
+
+use super::code::Ctx;
+use super::layout::ManagedDict;
+use super::memory::{MemError, field_u64};
+use super::unicode::{StrError, read_str};
+
+/// Entries read from one dict (sys.modules of a large program has a few thousand).
+pub const MAX_DICT_ENTRIES: u64 = 1 << 16;
+pub const MAX_NAME_CHARS: usize = 256;
+/// `Py_TPFLAGS_INLINE_VALUES` (3.13+).
+const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
+/// `PyDictKeysObject` header: `dk_refcnt`, `dk_log2_size`, `dk_log2_index_bytes` @9,
+/// `dk_kind` @10, `dk_version`, `dk_usable`, `dk_nentries` @24; indices @32 (all builds).
+const DK_HEADER: u64 = 32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    #[error("{what} at {addr:#x}")]
+    Invalid { what: &'static str, addr: u64 },
+    #[error("{0} not found")]
+    Missing(&'static str),
+}
+
+impl From<StrError> for NameError {
+    fn from(e: StrError) -> NameError {
+        match e {
+            StrError::Memory(m) => NameError::Memory(m),
+            StrError::Invalid { addr, why } => NameError::Invalid { what: why, addr },
+        }
+    }
+}
+
+/// `(key, value)` pairs of a dict keys table with optional split values.
+fn keys_items(
+    ctx: Ctx<'_>,
+    keys: u64,
+    values: Option<u64>,
+    max: u64,
+) -> Result<Vec<(u64, u64)>, NameError> {
+    let mem = ctx.mem;
+    let head = mem.read_vec(keys, DK_HEADER as usize)?;
+    let bad = |what| NameError::Invalid { what, addr: keys };
+    let log2_index_bytes = u32::from(head[9]);
+    let kind = head[10];
+    let nentries = field_u64(&head, 24).ok_or(bad("dk_nentries"))?;
+    if log2_index_bytes > 32 || nentries > max.min(MAX_DICT_ENTRIES) || kind > 2 {
+        return Err(bad("implausible dict keys"));
+    }
+    // Kind 0 (general): {hash, key, value}; kinds 1/2 (unicode keys): {key, value}.
+    let (size, key_off, value_off) = if kind == 0 {
+        (24u64, 8u64, 16u64)
+    } else {
+        (16, 0, 8)
+    };
+    let entries = keys + DK_HEADER + (1u64 << log2_index_bytes);
+    let raw = mem.read_vec(entries, (nentries * size) as usize)?;
+    let split = match values {
+        Some(v) => Some(mem.read_vec(v + ctx.layout.dict.values_array, (nentries * 8) as usize)?),
+        None => None,
+    };
+    let mut out = Vec::new();
+    for ix in 0..nentries {
+        let key = field_u64(&raw, ix * size + key_off).unwrap_or(0);
+        let value = match &split {
+            Some(s) => field_u64(s, ix * 8).unwrap_or(0),
+            None => field_u64(&raw, ix * size + value_off).unwrap_or(0),
+        };
+        if key != 0 && value != 0 {
+            out.push((key, value));
+        }
+    }
+    Ok(out)
+}
+
+/// Items of the dict object at `dict`.
+fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, NameError> {
+    let d = &ctx.layout.dict;
+    let keys = ctx.mem.read_u64(dict + d.ma_keys)?;
+    let values = ctx.mem.read_u64(dict + d.ma_values)?;
+    if keys == 0 {
+        return Err(NameError::Invalid {
+            what: "NULL ma_keys",
+            addr: dict,
+        });
+    }
+    keys_items(ctx, keys, (values != 0).then_some(values), max)
+}
+
+fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Result<u64, NameError> {
+    for &(k, v) in items {
+        // A non-str key (or an unreadable one) simply does not match.
+        if read_str(ctx.mem, ctx.layout, k, name.len() + 1).is_ok_and(|s| s == name) {
+            return Ok(v);
+        }
+    }
+    Err(NameError::Missing(name))
+}
+
+/// A non-negative `int` that fits in 64 bits (`threading.get_ident()` values).
+fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
+    let l = &ctx.layout.long;
+    let tag = ctx.mem.read_u64(addr + l.lv_tag)?;
+    let (ndigits, sign) = (tag >> 3, tag & 3);
+    if sign == 2 || ndigits > 3 {
+        return Err(NameError::Invalid {
+            what: "not a small non-negative int",
+            addr,
+        });
+    }
+    let digits = ctx
+        .mem
+        .read_vec(addr + l.ob_digit, (ndigits * 4) as usize)?;
+    let mut v: u128 = 0;
+    for (i, d) in digits.chunks_exact(4).enumerate() {
+        v |= u128::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]) & 0x3fff_ffff) << (30 * i);
+    }
+    u64::try_from(v).map_err(|_| NameError::Invalid {
+        what: "int wider than 64 bits",
+        addr,
+    })
+}
+
+/// The attribute `name` of a heap-type instance with a managed dict.
+fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, NameError> {
+    let (mem, l) = (ctx.mem, ctx.layout);
+    let ty = mem.read_u64(obj + l.object.ob_type)?;
+    let cached_keys = || -> Result<u64, NameError> {
+        Some(mem.read_u64(ty + l.types.ht_cached_keys)?)
+            .filter(|k| *k != 0)
+            .ok_or(NameError::Invalid {
+                what: "no ht_cached_keys",
+                addr: ty,
+            })
+    };
+    let items = match l.dict.managed_dict {
+        ManagedDict::Tagged { offset } => {
+            let w = mem.read_u64(obj.wrapping_add_signed(offset))?;
+            if w & 1 == 1 {
+                // 3.12 `_PyDictOrValues`: `values - 1` is stored.
+                keys_items(
+                    ctx,
+                    cached_keys()?,
+                    Some(w.wrapping_add(1)),
+                    MAX_DICT_ENTRIES,
+                )?
+            } else if w != 0 {
+                dict_items(ctx, w, MAX_DICT_ENTRIES)?
+            } else {
+                return Err(NameError::Missing("instance dict"));
+            }
+        }
+        ManagedDict::Pointer { offset } => {
+            let w = mem.read_u64(obj.wrapping_add_signed(offset))?;
+            let flags = mem.read_u64(ty + l.types.tp_flags)?;
+            if w != 0 {
+                dict_items(ctx, w, MAX_DICT_ENTRIES)?
+            } else if l.dict.inline_values && flags & TPFLAGS_INLINE_VALUES != 0 {
+                let basicsize = mem.read_u64(ty + l.types.tp_basicsize)?;
+                if basicsize == 0 || basicsize > 1 << 16 {
+                    return Err(NameError::Invalid {
+                        what: "tp_basicsize",
+                        addr: ty,
+                    });
+                }
+                keys_items(ctx, cached_keys()?, Some(obj + basicsize), MAX_DICT_ENTRIES)?
+            } else {
+                return Err(NameError::Missing("instance dict"));
+            }
+        }
+    };
+    find_str_key(ctx, &items, name)
+}
+
+/// `thread_id` (`pthread_t`) → `Thread._name` for the interpreter at `interp`.
+pub fn thread_names(
+    ctx: Ctx<'_>,
+    interp: u64,
+    max_threads: u64,
+) -> Result<HashMap<u64, String>, NameError> {
+    let (mem, l) = (ctx.mem, ctx.layout);
+    let modules = mem.read_u64(interp + l.interp.imports_modules)?;
+    if modules == 0 {
+        return Err(NameError::Missing("sys.modules"));
+    }
+    let threading = find_str_key(
+        ctx,
+        &dict_items(ctx, modules, MAX_DICT_ENTRIES)?,
+        "threading",
+    )?;
+    let md_dict = mem.read_u64(threading + l.dict.module_dict)?;
+    let active = find_str_key(ctx, &dict_items(ctx, md_dict, MAX_DICT_ENTRIES)?, "_active")?;
+    let mut names = HashMap::new();
+    for (k, thread) in dict_items(ctx, active, max_threads)? {
+        let ident = read_u64_int(ctx, k)?;
+        let name = instance_attr(ctx, thread, "_name")?;
+        names.insert(ident, read_str(mem, l, name, MAX_NAME_CHARS)?);
+    }
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::testimage::{Flavor, ImageBuilder};
+
+    #[test]
+    fn names_on_every_flavor_and_layout_of_instance_dicts() {
+        for flavor in Flavor::ALL {
+            for inline in [true, false] {
+                let mut b = ImageBuilder::new(flavor);
+                b.threading_active(
+                    &[
+                        (0x7f00_0000_1000, "MainThread"),
+                        (u64::MAX - 5, "wörker-🚀"),
+                    ],
+                    inline,
+                );
+                let (mem, layout, target) = (b.memory(), b.layout().clone(), b.target());
+                let ctx = Ctx {
+                    mem: &mem,
+                    layout: &layout,
+                    target: &target,
+                };
+                let names = thread_names(ctx, b.interp_addr(), 100).unwrap();
+                assert_eq!(
+                    names.get(&0x7f00_0000_1000).map(String::as_str),
+                    Some("MainThread"),
+                    "{flavor:?} inline={inline}"
+                );
+                assert_eq!(
+                    names.get(&(u64::MAX - 5)).map(String::as_str),
+                    Some("wörker-🚀")
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn missing_threading_is_an_error() {
+        let b = ImageBuilder::new(Flavor::V313);
+        let (mem, layout, target) = (b.memory(), b.layout().clone(), b.target());
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &layout,
+            target: &target,
+        };
+        assert!(thread_names(ctx, b.interp_addr(), 10).is_err());
+    }
+}

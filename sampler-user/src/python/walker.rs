@@ -1,0 +1,263 @@
+//! The walk: runtime → interpreters → thread states → frames → code objects.
+//!
+//! Owns: [`walk`] and [`walk_frames`]. It knows no CPython versions: every offset and rule comes
+//! from the [`RuntimeLayout`] (3.12's `cframe` indirection, stackref tag masks, the shim-owner
+//! threshold and `prev_instr` semantics are layout fields).
+//! Input: a [`Ctx`] (memory, layout, target), the `_PyRuntime` address, the code cache.
+//! Output: [`RawInterp`]s with their [`RawThread`]s, innermost frame first; per-frame failures
+//! are counted in [`ErrorCounts`] and cost that frame only; a broken chain ends the stack with
+//! `truncated` set.
+//! Constraints: bounded by [`Limits`] (frames per thread, threads, interpreters); loops in any
+//! list are detected; a vanished or forbidden process is an error, not a short stack.
+//! Algorithm: cpython-layouts §3.2 (walk), §3.4 (owners: skip `owner >= 3`, drop the
+//! `__init__` shim), §5.4 (stackrefs: `bits & ~3`, `bits == 1` and tagged ints are not code).
+
+use std::collections::HashSet;
+
+use super::PyFrame;
+use super::code::{CodeCache, Ctx, resolve};
+use super::errors::{ErrorCounts, ErrorKind, PyError};
+use super::layout::HoldsGil;
+use super::memory::{MemError, field_u8, field_u32, field_u64};
+
+/// Caps of one snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Python frames kept per thread; deeper stacks are cut and marked truncated.
+    pub max_depth: usize,
+    /// Thread states read per interpreter.
+    pub max_threads: usize,
+    pub max_interpreters: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_depth: 4096,
+            max_threads: 4096,
+            max_interpreters: 64,
+        }
+    }
+}
+
+/// One thread state as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawThread {
+    pub tstate: u64,
+    pub native_thread_id: u64,
+    pub thread_id: u64,
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    pub truncated: bool,
+    /// `holds_gil` of the thread state (3.13+).
+    pub holds_gil: Option<bool>,
+    /// `state == _Py_THREAD_ATTACHED` (3.13+).
+    pub attached: Option<bool>,
+}
+
+/// One interpreter as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawInterp {
+    pub addr: u64,
+    pub id: i64,
+    /// Newest thread first (the order of `threads.head`).
+    pub threads: Vec<RawThread>,
+}
+
+fn fatal(pid: u32, e: MemError) -> Option<PyError> {
+    matches!(e, MemError::Gone | MemError::Permission).then(|| PyError::from_mem(pid, e))
+}
+
+/// `f_executable` → code object address, or `None` for NULL, the stackref NULL (`bits == 1`)
+/// and tagged ints (low bits `11`).
+pub fn code_from_executable(bits: u64, tag_mask: u64) -> Option<u64> {
+    if tag_mask != 0 && (bits == 1 || bits & 3 == 3) {
+        return None;
+    }
+    Some(bits & !tag_mask).filter(|&p| p != 0)
+}
+
+/// Walks every interpreter and thread of the runtime at `runtime`.
+pub fn walk(
+    ctx: Ctx<'_>,
+    runtime: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Result<Vec<RawInterp>, PyError> {
+    let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
+    let to_py = |e| PyError::from_mem(pid, e);
+    let mut interp = mem
+        .read_u64(runtime + l.runtime.interpreters_head)
+        .map_err(to_py)?;
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    while interp != 0 {
+        if out.len() >= limits.max_interpreters || !seen.insert(interp) {
+            counts.add(ErrorKind::TooManyThreads);
+            break;
+        }
+        let word = |off| mem.read_u64(interp + off);
+        let id = word(l.interp.id).map_err(to_py)? as i64;
+        if let Some(off) = l.interp.code_object_generation.filter(|_| id == 0) {
+            cache.set_generation(word(off).map_err(to_py)?);
+        }
+        let threads = walk_threads(
+            ctx,
+            word(l.interp.threads_head).map_err(to_py)?,
+            cache,
+            counts,
+            limits,
+        )?;
+        out.push(RawInterp {
+            addr: interp,
+            id,
+            threads,
+        });
+        interp = word(l.interp.next).map_err(to_py)?;
+    }
+    Ok(out)
+}
+
+fn walk_threads(
+    ctx: Ctx<'_>,
+    head: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Result<Vec<RawThread>, PyError> {
+    let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
+    let t = &l.tstate;
+    let mut buf = vec![0u8; t.size as usize];
+    let mut threads = Vec::new();
+    let mut seen = HashSet::new();
+    let mut ts = head;
+    while ts != 0 {
+        if threads.len() >= limits.max_threads {
+            counts.add(ErrorKind::TooManyThreads);
+            break;
+        }
+        if !seen.insert(ts) {
+            counts.add(ErrorKind::BadThreadList);
+            break;
+        }
+        if let Err(e) = mem.read(ts, &mut buf) {
+            if let Some(f) = fatal(pid, e) {
+                return Err(f);
+            }
+            counts.add(ErrorKind::BadThreadList);
+            break;
+        }
+        let f64_ = |off| field_u64(&buf, off).unwrap_or(0);
+        let mut frame = f64_(t.current_frame);
+        if let (Some(inner), true) = (t.cframe_current_frame, frame != 0) {
+            frame = match mem.read_u64(frame + inner) {
+                Ok(f) => f,
+                Err(e) => {
+                    if let Some(f) = fatal(pid, e) {
+                        return Err(f);
+                    }
+                    counts.add(ErrorKind::MemoryRead);
+                    0
+                }
+            };
+        }
+        let holds_gil = match t.holds_gil {
+            HoldsGil::Unknown => None,
+            HoldsGil::StatusBit { offset, bit } => {
+                field_u32(&buf, offset).map(|w| (w >> bit) & 1 == 1)
+            }
+            HoldsGil::Int { offset } => field_u32(&buf, offset).map(|w| w != 0),
+        };
+        let attached = t.state.and_then(|off| field_u32(&buf, off)).map(|s| s == 1);
+        let (frames, truncated) = walk_frames(ctx, frame, cache, counts, limits.max_depth)?;
+        threads.push(RawThread {
+            tstate: ts,
+            native_thread_id: f64_(t.native_thread_id),
+            thread_id: f64_(t.thread_id),
+            frames,
+            truncated,
+            holds_gil,
+            attached,
+        });
+        ts = f64_(t.next);
+    }
+    Ok(threads)
+}
+
+/// Follows `previous` from `first`: Python frames innermost first, and whether the chain was
+/// cut (depth cap, loop or unreadable frame).
+pub fn walk_frames(
+    ctx: Ctx<'_>,
+    first: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    max_depth: usize,
+) -> Result<(Vec<PyFrame>, bool), PyError> {
+    let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
+    let f = &l.frame;
+    let mut buf = vec![0u8; f.size as usize];
+    let mut frames = Vec::new();
+    let mut seen = HashSet::new();
+    // Entry frames interleave with Python frames (one per C→Python call at most).
+    let max_steps = max_depth.saturating_mul(2).saturating_add(64);
+    let mut addr = first;
+    let mut steps = 0usize;
+    while addr != 0 {
+        if frames.len() >= max_depth || steps >= max_steps {
+            counts.add(ErrorKind::DepthTruncated);
+            return Ok((frames, true));
+        }
+        steps += 1;
+        if !seen.insert(addr) {
+            counts.add(ErrorKind::FrameLoop);
+            return Ok((frames, true));
+        }
+        if let Err(e) = mem.read(addr, &mut buf) {
+            if let Some(fatal) = fatal(pid, e) {
+                return Err(fatal);
+            }
+            counts.add(ErrorKind::MemoryRead);
+            return Ok((frames, true));
+        }
+        let previous = field_u64(&buf, f.previous).unwrap_or(0);
+        let owner = field_u8(&buf, f.owner).unwrap_or(u8::MAX);
+        if owner < f.first_shim_owner {
+            let exec = field_u64(&buf, f.executable).unwrap_or(0);
+            let instr = field_u64(&buf, f.instr_ptr).unwrap_or(0);
+            let tlbc = f
+                .tlbc_index
+                .and_then(|o| field_u32(&buf, o))
+                .map_or(0, |v| v as i32);
+            match code_from_executable(exec, f.stackref_tag_mask) {
+                None => counts.add(ErrorKind::BadExecutable),
+                Some(code) => match resolve(ctx, cache, counts, code, instr, tlbc) {
+                    Ok(r) if r.is_init_shim => {}
+                    Ok(r) => frames.push(r.frame),
+                    Err(e) => counts.add(e.kind()),
+                },
+            }
+        }
+        addr = previous;
+    }
+    Ok((frames, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executable_decoding() {
+        assert_eq!(code_from_executable(0x1000, 0), Some(0x1000));
+        assert_eq!(code_from_executable(0, 0), None);
+        assert_eq!(
+            code_from_executable(0x1001, 3),
+            Some(0x1000),
+            "deferred/immortal bit"
+        );
+        assert_eq!(code_from_executable(1, 3), None, "PyStackRef_NULL");
+        assert_eq!(code_from_executable((42 << 2) | 3, 3), None, "tagged int");
+        assert_eq!(code_from_executable(0x1000, 3), Some(0x1000));
+    }
+}
