@@ -1,1 +1,132 @@
-fn main() {}
+//! `cargo xtask`: pyebpf's orchestration (style rule 4: `build.rs` builds, xtask orchestrates).
+//!
+//! - `setup [--interpreters] [--no-apt]`: prerequisites, idempotently (`setup.rs`).
+//! - `install [--prefix DIR]`: release build to `DIR/bin/pyebpf` (`install.rs`).
+//! - `run-quickstart [ARGS...]`: setup, install, `pyebpf record --all -d 30 ARGS...`.
+//! - `test [FILTER...]`: setup with interpreters, build, all tests as root (`test.rs`).
+//!
+//! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
+//! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
+mod apt;
+mod install;
+mod interpreters;
+mod rust;
+mod setup;
+mod sh;
+mod test;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "pyebpf set-up, install and test orchestration"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install every prerequisite (LLVM 22, eBPF nightly + rust-src, bpf-linker 0.13.0);
+    /// skips what is already there.
+    Setup {
+        /// Also test packages, the six test interpreters and their manifest (needs root).
+        #[arg(long)]
+        interpreters: bool,
+        /// Never run apt-get; report missing packages instead.
+        #[arg(long)]
+        no_apt: bool,
+    },
+    /// Build pyebpf in release mode and copy it to PREFIX/bin/pyebpf.
+    Install {
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+    },
+    /// Setup, install, then `pyebpf record --all -d 30 [ARGS...]` into the current directory.
+    RunQuickstart {
+        #[arg(long)]
+        no_apt: bool,
+        /// Passed on to `pyebpf record` (a `-d` here replaces the default 30 s).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Setup (incl. interpreters), build, then unit and end-to-end tests as root.
+    Test {
+        #[arg(long)]
+        no_apt: bool,
+        /// Passed to the test binaries (a name filter, `--nocapture`, ...).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+fn main() {
+    // One line per error (with its causes), not anyhow's backtrace: cargo sets RUST_BACKTRACE
+    // for `cargo run`, and CI logs are read by people.
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("[xtask] error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Setup {
+            interpreters,
+            no_apt,
+        } => {
+            let opts = setup::Options {
+                interpreters,
+                no_apt,
+            };
+            if setup::needs_root(&opts) {
+                sh::reexec_as_root("`cargo xtask setup --interpreters`")?;
+            }
+            setup::run(&opts).map(drop)
+        }
+        Cmd::Install { prefix } => {
+            let ready = setup::Ready {
+                ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
+            };
+            install::install(&ready, &prefix).map(drop)
+        }
+        Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
+        Cmd::Test { no_apt, args } => test::run(no_apt, &args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: Cmd) -> Vec<OsString> {
+        match cmd {
+            Cmd::RunQuickstart { args, .. } | Cmd::Test { args, .. } => args,
+            _ => panic!("not a pass-through command"),
+        }
+    }
+
+    #[test]
+    fn unknown_flags_pass_through() {
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "run-quickstart", "--threads", "-d", "5"]).unwrap();
+        assert_eq!(args(cli.cmd), ["--threads", "-d", "5"]);
+        let cli = Cli::try_parse_from([
+            "cargo xtask",
+            "test",
+            "--no-apt",
+            "e2e::native",
+            "--nocapture",
+        ])
+        .unwrap();
+        assert!(matches!(cli.cmd, Cmd::Test { no_apt: true, .. }));
+        let cli = Cli::try_parse_from(["cargo xtask", "test", "--", "--exact", "x"]).unwrap();
+        assert_eq!(args(cli.cmd), ["--exact", "x"]);
+    }
+}

@@ -1,0 +1,103 @@
+//! `cargo xtask test`: setup (with interpreters; a no-op when cached), a debug build of
+//! `pyebpf`, the workspace's unit and integration tests, then the privileged end-to-end tests
+//! one at a time (they sample the whole machine). Runs as root. Output is cargo test's own, so
+//! CI can read its "test result:" lines; a phase table follows.
+use std::ffi::OsString;
+
+use anyhow::{Result, bail};
+
+use crate::interpreters::Cache;
+use crate::setup;
+use crate::sh::{self, Timings, say};
+
+pub fn run(no_apt: bool, args: &[OsString]) -> Result<()> {
+    if !sh::is_root() {
+        sh::reexec_as_root("`cargo xtask test`")?;
+    }
+    let mut t = Timings::default();
+    let result = phases(&mut t, no_apt, args);
+    t.print("test");
+    if result.is_ok() {
+        say("test", "all passed");
+    }
+    result
+}
+
+fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
+    let ready = t.phase("setup", || {
+        setup::run(&setup::Options {
+            interpreters: true,
+            no_apt,
+        })
+    })?;
+    let cache = Cache::from_env();
+    let target = sh::target_dir()?;
+    let bin = target.join("debug/pyebpf");
+    let env = |cmd: &mut std::process::Command| {
+        ready.apply(cmd);
+        cmd.env("PYEBPF_BIN", &bin)
+            .env("PYEBPF_TEST_CACHE", &cache.0)
+            .env("PYEBPF_TEST_MANIFEST", cache.manifest());
+    };
+    t.phase("build pyebpf (debug)", || {
+        let mut cmd = sh::cargo();
+        cmd.args(["build", "-p", "sampler-user", "--bin", "pyebpf"]);
+        env(&mut cmd);
+        sh::run(&mut cmd)?;
+        if !bin.is_file() {
+            bail!("{} missing after the build", bin.display());
+        }
+        Ok(())
+    })?;
+    say(
+        "test",
+        format!(
+            "PYEBPF_BIN={} PYEBPF_TEST_CACHE={}",
+            bin.display(),
+            cache.0.display()
+        ),
+    );
+    let mut failed = Vec::new();
+    // sampler-ebpf is built for bpfel-unknown-none by sampler-user/build.rs, not for the host;
+    // integration-tests is the e2e tier, run below one test at a time.
+    let unit = t.phase("unit + integration tests", || {
+        let mut cmd = sh::cargo();
+        cmd.args([
+            "test",
+            "--workspace",
+            "--no-fail-fast",
+            "--exclude",
+            "sampler-ebpf",
+            "--exclude",
+            "integration-tests",
+        ]);
+        env(&mut cmd);
+        cmd.arg("--").args(args);
+        if sh::status(&mut cmd)?.success() {
+            Ok(())
+        } else {
+            bail!("failed")
+        }
+    });
+    if unit.is_err() {
+        failed.push("unit + integration tests");
+    }
+    let e2e = t.phase("e2e tests (root)", || {
+        let mut cmd = sh::cargo();
+        cmd.args(["test", "-p", "integration-tests", "--no-fail-fast"]);
+        env(&mut cmd);
+        cmd.args(["--", "--test-threads=1"]).args(args);
+        if sh::status(&mut cmd)?.success() {
+            Ok(())
+        } else {
+            bail!("failed")
+        }
+    });
+    if e2e.is_err() {
+        failed.push("e2e tests");
+    }
+    if !failed.is_empty() {
+        bail!("FAILED: {}", failed.join(", "));
+    }
+    Ok(())
+}
