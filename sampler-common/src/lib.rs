@@ -24,13 +24,15 @@ pub mod maps {
 
 /// Program names in the eBPF object.
 pub mod programs {
-    /// perf_event program attached to the CPU clock on every CPU.
+    /// `perf_event` program attached to the CPU clock on every CPU.
     pub const SAMPLE: &str = "pyebpf_sample";
     /// `sched/sched_process_exec` tracepoint.
     pub const EXEC: &str = "pyebpf_exec";
     /// `sched/sched_process_exit` tracepoint.
     pub const EXIT: &str = "pyebpf_exit";
-    /// `sched/sched_process_fork` tracepoint (follows children of target pids).
+    /// `task/task_newtask` tracepoint: follows children of target pids. (Not
+    /// `sched_process_fork`: that also fires for new threads and its record cannot tell them
+    /// apart; `task_newtask` carries `clone_flags`.)
     pub const FORK: &str = "pyebpf_fork";
 }
 
@@ -51,6 +53,16 @@ pub const STACK_SIZE_CLASSES: [u32; 4] = [8 << 10, 16 << 10, 32 << 10, 64 << 10]
 /// Default user-stack copy size (32 KiB).
 pub const DEFAULT_STACK_BYTES: u32 = 32 << 10;
 
+/// Offset of `pid` in the `task_newtask` record (`common_*` 8 bytes, then `pid`), unchanged
+/// since the tracepoint appeared in 3.14. Used only when its `format` file cannot be read.
+pub const FORK_PID_OFFSET_DEFAULT: u32 = 8;
+/// Offset of `clone_flags` in the `task_newtask` record (after `pid` and `comm[16]`).
+pub const FORK_FLAGS_OFFSET_DEFAULT: u32 = 32;
+/// Largest accepted tracepoint field offset (records are far smaller; this bounds a bad parse).
+pub const TRACEPOINT_OFFSET_MAX: u32 = 256;
+/// `CLONE_THREAD` from `<linux/sched.h>`: the new task is a thread of its parent's process.
+pub const CLONE_THREAD: u64 = 0x0001_0000;
+
 /// Configuration written into the eBPF object's `CONFIG` global before load.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,10 +77,15 @@ pub struct Config {
     pub kernel_stacks: u32,
     /// pid of the profiler itself (never sampled), 0 for none.
     pub self_pid: u32,
+    /// Byte offset of `pid` (the new task) in the `task_newtask` tracepoint record, read by user
+    /// space from the event's `format` file (see [`FORK_PID_OFFSET_DEFAULT`]).
+    pub fork_pid_offset: u32,
+    /// Byte offset of the 8-byte `clone_flags` in the `task_newtask` record.
+    pub fork_flags_offset: u32,
     /// Explicit padding to a multiple of 8 bytes.
-    pub _pad: u32,
+    pub pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 24);
+const _: () = assert!(core::mem::size_of::<Config>() == 32);
 
 /// Kinds of events in the `EVENTS` ring buffer.
 pub mod event_kind {
@@ -149,7 +166,7 @@ pub struct SampleEvent {
     /// `bpf_get_current_comm()` (thread name, NUL-padded).
     pub comm: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<SampleEvent>() == 104);
+const _: () = assert!(core::mem::size_of::<SampleEvent>() == 88);
 
 /// A process life-cycle event.
 #[repr(C)]
@@ -192,10 +209,15 @@ pub enum Counter {
     StackCopyEmpty = 8,
     /// Samples of the profiler itself, dropped in the kernel.
     SelfSamples = 9,
+    /// Children of target processes that could not be added to `TARGET_PIDS` (map full).
+    FollowFailed = 10,
+    /// Process-event programs that could not read their tracepoint record (or found an
+    /// implausible offset in `Config`).
+    ProcEventErrors = 11,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 10;
+pub const COUNTERS_LEN: u32 = 12;
 
 impl Counter {
     /// Every counter, in index order.
@@ -210,9 +232,12 @@ impl Counter {
         Counter::KernelStackErrors,
         Counter::StackCopyEmpty,
         Counter::SelfSamples,
+        Counter::FollowFailed,
+        Counter::ProcEventErrors,
     ];
 
     /// Short, stable name for summaries.
+    #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
             Counter::Runs => "runs",
@@ -225,6 +250,8 @@ impl Counter {
             Counter::KernelStackErrors => "kernel_stack_errors",
             Counter::StackCopyEmpty => "stack_copy_empty",
             Counter::SelfSamples => "self_samples",
+            Counter::FollowFailed => "follow_failed",
+            Counter::ProcEventErrors => "proc_event_errors",
         }
     }
 }
@@ -234,6 +261,7 @@ mod pod {
     // SAFETY: all are `#[repr(C)]`, `Copy`, contain only integers and byte arrays, and have no
     // implicit padding (checked by the size assertions above).
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::UserRegs {}
     unsafe impl aya::Pod for super::SampleEvent {}
     unsafe impl aya::Pod for super::ProcEvent {}
@@ -257,7 +285,10 @@ pub fn decode<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 pub fn encode<T: aya::Pod>(value: &T) -> &[u8] {
     // SAFETY: `T: Pod` has no padding and is valid to read as bytes.
     unsafe {
-        core::slice::from_raw_parts(core::ptr::from_ref(value).cast::<u8>(), core::mem::size_of::<T>())
+        core::slice::from_raw_parts(
+            core::ptr::from_ref(value).cast::<u8>(),
+            core::mem::size_of::<T>(),
+        )
     }
 }
 
@@ -268,28 +299,38 @@ mod tests {
     #[test]
     fn sample_event_round_trips() {
         let ev = SampleEvent {
-            header: EventHeader { kind: event_kind::SAMPLE, flags: sample_flags::USER_MODE },
+            header: EventHeader {
+                kind: event_kind::SAMPLE,
+                flags: sample_flags::USER_MODE,
+            },
             time_ns: 123,
             pid: 4,
             tid: 5,
             cpu: 1,
             kernel_stack_id: -14,
-            regs: UserRegs { ip: 0xdead, sp: 0x7ff0, bp: 0 },
+            regs: UserRegs {
+                ip: 0xdead,
+                sp: 0x7ff0,
+                bp: 0,
+            },
             stack_base: 0x7000,
             stack_len: 4096,
             stack_cap: 32768,
             comm: *b"python3\0\0\0\0\0\0\0\0\0",
         };
         let bytes = encode(&ev);
-        assert_eq!(bytes.len(), 104);
+        assert_eq!(bytes.len(), 88);
         assert_eq!(decode::<SampleEvent>(bytes), Some(ev));
-        assert_eq!(decode::<SampleEvent>(&bytes[..100]), None);
+        assert_eq!(decode::<SampleEvent>(&bytes[..87]), None);
     }
 
     #[test]
     fn proc_event_round_trips() {
         let ev = ProcEvent {
-            header: EventHeader { kind: event_kind::FORK, flags: 0 },
+            header: EventHeader {
+                kind: event_kind::FORK,
+                flags: 0,
+            },
             time_ns: 9,
             pid: 10,
             parent_pid: 11,
@@ -300,10 +341,49 @@ mod tests {
 
     #[test]
     fn header_is_first() {
-        let ev = ProcEvent { header: EventHeader { kind: event_kind::EXIT, flags: 7 }, ..Default::default() };
+        let ev = ProcEvent {
+            header: EventHeader {
+                kind: event_kind::EXIT,
+                flags: 7,
+            },
+            ..Default::default()
+        };
         let h = decode::<EventHeader>(encode(&ev)).unwrap();
         assert_eq!(h.kind, event_kind::EXIT);
         assert_eq!(h.flags, 7);
+    }
+
+    #[test]
+    fn config_round_trips() {
+        let cfg = Config {
+            filter_pids: 1,
+            follow_children: 1,
+            stack_bytes: DEFAULT_STACK_BYTES,
+            kernel_stacks: 1,
+            self_pid: 77,
+            fork_pid_offset: FORK_PID_OFFSET_DEFAULT,
+            fork_flags_offset: FORK_FLAGS_OFFSET_DEFAULT,
+            pad: 0,
+        };
+        assert_eq!(encode(&cfg).len(), 32);
+        assert_eq!(decode::<Config>(encode(&cfg)), Some(cfg));
+    }
+
+    #[test]
+    fn stack_classes_are_whole_pages() {
+        for class in STACK_SIZE_CLASSES {
+            assert_eq!(class as usize % STACK_PAGE, 0);
+        }
+        assert!(STACK_SIZE_CLASSES.contains(&DEFAULT_STACK_BYTES));
+    }
+
+    #[test]
+    fn counter_names_are_unique() {
+        for (i, a) in Counter::ALL.iter().enumerate() {
+            for b in &Counter::ALL[i + 1..] {
+                assert_ne!(a.name(), b.name());
+            }
+        }
     }
 
     #[test]

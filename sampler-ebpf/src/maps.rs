@@ -1,0 +1,79 @@
+//! Maps, the `CONFIG` global and the counter helper shared by all programs.
+//!
+//! Names must equal `sampler_common::maps::*` (the `#[map]` attribute needs a literal); user
+//! space looks every map up by those constants and fails with the name if one is missing.
+//! Sizes here are defaults: user space resizes `EVENTS` at load time.
+use aya_ebpf::{
+    Global,
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
+};
+use sampler_common::{
+    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, TARGET_PIDS_ENTRIES,
+};
+
+/// Samples and process events (see `sampler_common::SampleEvent` / `ProcEvent`).
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+/// Kernel stacks, keyed by the id stored in `SampleEvent::kernel_stack_id`.
+#[map(name = "KSTACKS")]
+pub static KSTACKS: StackTrace = StackTrace::with_max_entries(KERNEL_STACKS_ENTRIES, 0);
+
+/// Processes (thread-group ids) to sample when `Config::filter_pids == 1`; value unused.
+#[map(name = "TARGET_PIDS")]
+pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_ENTRIES, 0);
+
+/// Per-CPU event counters indexed by `Counter`.
+#[map(name = "COUNTERS")]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
+
+/// Written by user space before load (`EbpfLoader::override_global`). It lives in `.rodata`,
+/// which aya freezes, so the verifier sees its fields as constants and prunes disabled paths.
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(Config {
+    filter_pids: 0,
+    follow_children: 0,
+    stack_bytes: 0,
+    kernel_stacks: 0,
+    self_pid: 0,
+    fork_pid_offset: sampler_common::FORK_PID_OFFSET_DEFAULT,
+    fork_flags_offset: sampler_common::FORK_FLAGS_OFFSET_DEFAULT,
+    pad: 0,
+});
+
+/// The load-time configuration.
+#[inline(always)]
+pub fn config() -> Config {
+    CONFIG.load()
+}
+
+/// Add one to `counter` on this CPU.
+#[inline(always)]
+pub fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: the pointer is this CPU's slot of a per-CPU array; programs that can preempt
+        // each other on one CPU (tracepoint vs. perf event) never bump the same counter.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Whether `tgid` is in `TARGET_PIDS`.
+#[inline(always)]
+pub fn is_target(tgid: u32) -> bool {
+    TARGET_PIDS.get_ptr(tgid).is_some()
+}
+
+/// The current thread's name, NUL-padded.
+///
+/// The buffer is left uninitialised for the helper (it writes all 16 bytes, zeroing them itself on
+/// failure): zero-initialising a `[u8; 16]` makes LLVM emit a `memset` call on this target.
+#[inline(always)]
+pub fn current_comm() -> [u8; 16] {
+    let mut comm = core::mem::MaybeUninit::<[u8; 16]>::uninit();
+    // SAFETY: the helper fills exactly 16 bytes on success and on failure.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(comm.as_mut_ptr().cast(), 16);
+        comm.assume_init()
+    }
+}

@@ -1,0 +1,123 @@
+//! Process life-cycle tracepoints: `pyebpf_exec`, `pyebpf_exit`, `pyebpf_fork`.
+//!
+//! Input: `sched/sched_process_exec`, `sched/sched_process_exit` and `task/task_newtask`
+//! tracepoint records and `CONFIG`. Output: `ProcEvent` records in `EVENTS`; `pyebpf_fork` also
+//! adds children of target processes to `TARGET_PIDS` so they are sampled from their first tick.
+//!
+//! Constraints: these run in the context of the task concerned (exec: the new image; exit: the
+//! exiting thread; new task: the parent), so pids and `comm` come from helpers. Following uses
+//! `task_newtask` rather than `sched_process_fork` because both fire for new threads too, and
+//! only `task_newtask` carries `clone_flags` to tell a thread (`CLONE_THREAD`) from a process.
+//! It fires at the end of `copy_process()`, after the last failure point and before the child
+//! first runs. Its field offsets come from `CONFIG` (user space parses the `format` file).
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use sampler_common::{
+    CLONE_THREAD, Counter, EventHeader, ProcEvent, TRACEPOINT_OFFSET_MAX, event_kind,
+};
+
+use crate::maps::{EVENTS, TARGET_PIDS, config, count, current_comm, is_target};
+
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn pyebpf_exec(_ctx: TracePointContext) -> u32 {
+    shim(try_exec())
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn pyebpf_exit(_ctx: TracePointContext) -> u32 {
+    shim(try_exit())
+}
+
+#[tracepoint(category = "task", name = "task_newtask")]
+pub fn pyebpf_fork(ctx: TracePointContext) -> u32 {
+    shim(try_fork(&ctx))
+}
+
+#[inline(always)]
+fn shim(result: Result<(), Counter>) -> u32 {
+    if let Err(counter) = result {
+        count(counter);
+    }
+    0
+}
+
+/// A process replaced its image: report it (only targets when filtering).
+#[inline(always)]
+fn try_exec() -> Result<(), Counter> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if config().filter_pids == 1 && !is_target(tgid) {
+        return Ok(());
+    }
+    emit(event_kind::EXEC, tgid, 0)
+}
+
+/// A thread exited: report it when it is a thread-group leader (only targets when filtering).
+#[inline(always)]
+fn try_exit() -> Result<(), Counter> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if pid_tgid as u32 != tgid {
+        return Ok(());
+    }
+    if config().filter_pids == 1 && !is_target(tgid) {
+        return Ok(());
+    }
+    emit(event_kind::EXIT, tgid, 0)
+}
+
+/// A target created a new process: make it a target and report it. New threads are ignored
+/// (their samples already match through the shared tgid).
+///
+/// The parent is the current task's tgid: the forking thread may not be the main thread.
+#[inline(always)]
+fn try_fork(ctx: &TracePointContext) -> Result<(), Counter> {
+    let cfg = config();
+    if cfg.follow_children != 1 {
+        return Ok(());
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_target(parent) {
+        return Ok(());
+    }
+    let (pid_offset, flags_offset) = (cfg.fork_pid_offset, cfg.fork_flags_offset);
+    if pid_offset > TRACEPOINT_OFFSET_MAX || flags_offset > TRACEPOINT_OFFSET_MAX {
+        return Err(Counter::ProcEventErrors);
+    }
+    // SAFETY: both read a few bytes of the tracepoint record through bpf_probe_read_kernel.
+    let clone_flags = unsafe { ctx.read_at::<u64>(flags_offset as usize) }
+        .map_err(|_| Counter::ProcEventErrors)?;
+    if clone_flags & CLONE_THREAD != 0 {
+        return Ok(());
+    }
+    let child =
+        unsafe { ctx.read_at::<i32>(pid_offset as usize) }.map_err(|_| Counter::ProcEventErrors)?;
+    if child <= 0 {
+        return Err(Counter::ProcEventErrors);
+    }
+    let child = child as u32;
+    TARGET_PIDS
+        .insert(child, 1u8, 0)
+        .map_err(|_| Counter::FollowFailed)?;
+    emit(event_kind::FORK, child, parent)
+}
+
+#[inline(always)]
+fn emit(kind: u32, pid: u32, parent_pid: u32) -> Result<(), Counter> {
+    let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
+        return Err(Counter::LostProcEvents);
+    };
+    let event = ProcEvent {
+        header: EventHeader { kind, flags: 0 },
+        // SAFETY: helper without arguments.
+        time_ns: unsafe { generated::bpf_ktime_get_ns() },
+        pid,
+        parent_pid,
+        comm: current_comm(),
+    };
+    entry.write(event);
+    entry.submit(0);
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! `pyebpf_sample`: the CPU-clock perf-event program.
+//!
+//! Input: the perf context of a software CPU-clock sample on any CPU, plus `CONFIG`.
+//! Output: one `SampleEvent` record in `EVENTS`, optionally followed in the same record by a
+//! constant-size copy of the user stack; counters for every dropped or degraded sample.
+//!
+//! Constraints: the ring-buffer reservation size must be a verifier-visible constant, so there is
+//! one monomorphised copy path per `STACK_SIZE_CLASSES` entry. User memory is read in whole
+//! pages at constant offsets, starting from the page that holds `sp`, because one large read from
+//! `sp` fails whenever the mapped stack ends before `sp + len` (it usually does).
+use core::{ffi::c_void, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated},
+    macros::perf_event,
+    programs::{PerfEventContext, tracing::StackIdContext as _},
+};
+use sampler_common::{
+    Config, Counter, EventHeader, STACK_PAGE, STACK_SIZE_CLASSES, SampleEvent, UserRegs,
+    event_kind, sample_flags,
+};
+
+use crate::maps::{EVENTS, KSTACKS, config, count, current_comm, is_target};
+
+/// `-EFAULT`: what `get_stackid` returns for a sample taken in user mode (no kernel stack).
+const NEG_EFAULT: i32 = -14;
+/// `-ENOENT`: stored as the kernel stack id when kernel stacks are disabled.
+const KSTACK_DISABLED: i32 = -2;
+/// Mask that rounds an address down to the start of its page.
+const PAGE_MASK: u64 = !(STACK_PAGE as u64 - 1);
+/// Low two bits of `cs` are the privilege level; 3 is user mode.
+const CPL_MASK: u64 = 3;
+
+const CLASS_0: u32 = STACK_SIZE_CLASSES[0];
+const CLASS_1: u32 = STACK_SIZE_CLASSES[1];
+const CLASS_2: u32 = STACK_SIZE_CLASSES[2];
+const CLASS_3: u32 = STACK_SIZE_CLASSES[3];
+
+/// A sample record with `N` bytes of user stack after the header, reserved in one piece.
+#[repr(C)]
+struct SampleWithStack<const N: usize> {
+    event: SampleEvent,
+    stack: [u8; N],
+}
+
+#[perf_event]
+pub fn pyebpf_sample(ctx: PerfEventContext) -> u32 {
+    count(Counter::Runs);
+    match try_sample(&ctx) {
+        Ok(()) => count(Counter::Sent),
+        Err(reason) => count(reason),
+    }
+    0
+}
+
+/// Filter, build and emit one sample. `Err` names the counter for why it was not sent.
+#[inline(always)]
+fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let thread = pid_tgid as u32;
+    if thread == 0 {
+        return Err(Counter::Idle);
+    }
+    if cfg.self_pid != 0 && tgid == cfg.self_pid {
+        return Err(Counter::SelfSamples);
+    }
+    if cfg.filter_pids == 1 && !is_target(tgid) {
+        return Err(Counter::Filtered);
+    }
+
+    let (flags, regs) = user_regs(ctx);
+    let mut event = SampleEvent {
+        header: EventHeader {
+            kind: event_kind::SAMPLE,
+            flags,
+        },
+        // SAFETY: helpers without arguments.
+        time_ns: unsafe { generated::bpf_ktime_get_ns() },
+        pid: tgid,
+        tid: thread,
+        cpu: unsafe { generated::bpf_get_smp_processor_id() },
+        kernel_stack_id: kernel_stack_id(ctx, &cfg, flags),
+        regs,
+        stack_base: 0,
+        stack_len: 0,
+        stack_cap: 0,
+        comm: current_comm(),
+    };
+    if flags & sample_flags::NO_USER_REGS != 0 {
+        return emit_plain(&event);
+    }
+    match cfg.stack_bytes {
+        CLASS_0 => emit_with_stack::<{ CLASS_0 as usize }>(&mut event),
+        CLASS_1 => emit_with_stack::<{ CLASS_1 as usize }>(&mut event),
+        CLASS_2 => emit_with_stack::<{ CLASS_2 as usize }>(&mut event),
+        CLASS_3 => emit_with_stack::<{ CLASS_3 as usize }>(&mut event),
+        _ => emit_plain(&event),
+    }
+}
+
+/// Kernel stack id, or a negative errno. User-mode samples have no kernel stack: the kernel
+/// answers `-EFAULT` for them, so the helper call is skipped and that value stored directly.
+#[inline(always)]
+fn kernel_stack_id(ctx: &PerfEventContext, cfg: &Config, flags: u32) -> i32 {
+    if cfg.kernel_stacks != 1 {
+        return KSTACK_DISABLED;
+    }
+    if flags & sample_flags::USER_MODE != 0 {
+        return NEG_EFAULT;
+    }
+    match ctx.get_stackid(&KSTACKS, 0) {
+        Ok(id) => id as i32,
+        Err(errno) => {
+            if errno != NEG_EFAULT {
+                count(Counter::KernelStackErrors);
+            }
+            errno
+        }
+    }
+}
+
+/// User registers at the sample and the `sample_flags` saying where they came from.
+///
+/// A sample that interrupted user mode carries them in the perf context. Otherwise the task's
+/// saved user frame (`task_pt_regs`) holds them. Kernel threads have a zeroed frame (x86
+/// `copy_thread()` clears it for `PF_KTHREAD`), so a non-user `cs` there means a kernel thread;
+/// `io_uring`/vhost workers keep a user `cs` but have `sp == 0` and no user stack.
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext) -> (u32, UserRegs) {
+    // SAFETY: `ctx.ctx` is the program's `bpf_perf_event_data`; 8-byte loads from its `regs`
+    // are valid context accesses. Volatile keeps LLVM from merging them into wider copies.
+    let (cs, ip, sp, bp) = unsafe {
+        let regs = &raw const (*ctx.ctx).regs;
+        (
+            (&raw const (*regs).cs).read_volatile(),
+            (&raw const (*regs).rip).read_volatile(),
+            (&raw const (*regs).rsp).read_volatile(),
+            (&raw const (*regs).rbp).read_volatile(),
+        )
+    };
+    if cs & CPL_MASK == CPL_MASK {
+        return (sample_flags::USER_MODE, UserRegs { ip, sp, bp });
+    }
+    // SAFETY: both helpers take/return kernel pointers checked by the verifier; the frame is
+    // read with bpf_probe_read_kernel, which tolerates any address.
+    let frame = unsafe {
+        let task = generated::bpf_get_current_task_btf();
+        let regs = generated::bpf_task_pt_regs(task) as *const pt_regs;
+        bpf_probe_read_kernel(regs)
+    };
+    match frame {
+        Ok(frame) if frame.cs & CPL_MASK == CPL_MASK && frame.rsp != 0 => (
+            sample_flags::REGS_FROM_TASK,
+            UserRegs {
+                ip: frame.rip,
+                sp: frame.rsp,
+                bp: frame.rbp,
+            },
+        ),
+        Ok(frame) if frame.cs & CPL_MASK == CPL_MASK => {
+            (sample_flags::NO_USER_REGS, UserRegs::default())
+        }
+        Ok(_) => (
+            sample_flags::KERNEL_THREAD | sample_flags::NO_USER_REGS,
+            UserRegs::default(),
+        ),
+        Err(_) => {
+            count(Counter::NoUserRegs);
+            (sample_flags::NO_USER_REGS, UserRegs::default())
+        }
+    }
+}
+
+/// Emit `event` without stack bytes.
+#[inline(always)]
+fn emit_plain(event: &SampleEvent) -> Result<(), Counter> {
+    let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
+        return Err(Counter::LostSamples);
+    };
+    entry.write(*event);
+    entry.submit(0);
+    Ok(())
+}
+
+/// Emit `event` followed by up to `N` bytes of user stack, copied straight into the record.
+#[inline(always)]
+fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counter> {
+    let Some(mut entry) = EVENTS.reserve::<SampleWithStack<N>>(0) else {
+        return Err(Counter::LostSamples);
+    };
+    let record = entry.as_mut_ptr();
+    let base = event.regs.sp & PAGE_MASK;
+    // SAFETY: `record` points to a reserved, writable `SampleWithStack<N>`.
+    let stack = unsafe { addr_of_mut!((*record).stack) }.cast::<u8>();
+    let copied = copy_user_pages::<N>(stack, base);
+    event.stack_base = base;
+    event.stack_len = copied;
+    event.stack_cap = N as u32;
+    if (copied as usize) < N {
+        event.header.flags |= sample_flags::STACK_SHORT;
+    }
+    if copied == 0 {
+        count(Counter::StackCopyEmpty);
+    }
+    // SAFETY: as above; the header is written after the copy so it reports the final length.
+    unsafe { addr_of_mut!((*record).event).write(*event) };
+    entry.submit(0);
+    Ok(())
+}
+
+/// Copy whole pages of user memory from `base` to `dst` until `N` bytes or the first fault.
+/// Returns the number of bytes copied (a multiple of the page size).
+#[inline(always)]
+fn copy_user_pages<const N: usize>(dst: *mut u8, base: u64) -> u32 {
+    let mut copied: u32 = 0;
+    let mut page = 0;
+    // Constant trip count: LLVM unrolls it into constant-offset reads.
+    while page < N / STACK_PAGE {
+        let offset = page * STACK_PAGE;
+        // SAFETY: `dst + offset .. + STACK_PAGE` lies inside the reserved `[u8; N]`; the source
+        // is a user address, which the helper validates (a fault returns an error).
+        let ret = unsafe {
+            generated::bpf_probe_read_user(
+                dst.add(offset).cast::<c_void>(),
+                STACK_PAGE as u32,
+                (base + offset as u64) as *const c_void,
+            )
+        };
+        if ret != 0 {
+            break;
+        }
+        copied += STACK_PAGE as u32;
+        page += 1;
+    }
+    copied
+}
