@@ -230,13 +230,13 @@ fn bytecode_base(
     counts: &mut ErrorCounts,
 ) -> u64 {
     let c = &layout.code;
-    let main = code_addr + c.code_adaptive;
+    let main = code_addr.wrapping_add(c.code_adaptive);
     let Some(tlbc_off) = c.tlbc else { return main };
     if tlbc_index <= 0 {
         return main;
     }
     let copy = (|| -> Result<Option<u64>, MemError> {
-        let arr = mem.read_u64(code_addr + tlbc_off)?;
+        let arr = mem.read_u64(code_addr.wrapping_add(tlbc_off))?;
         if arr == 0 {
             return Ok(None);
         }
@@ -245,7 +245,7 @@ fn bytecode_base(
         if idx >= size || size > MAX_TLBC_ENTRIES {
             return Ok(None);
         }
-        let entry = mem.read_u64(arr + c.tlbc_entries + 8 * idx)?;
+        let entry = mem.read_u64(arr.wrapping_add(c.tlbc_entries + 8 * idx))?;
         Ok((entry != 0).then_some(entry))
     })();
     if let Ok(Some(base)) = copy {

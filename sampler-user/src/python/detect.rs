@@ -81,6 +81,8 @@ pub struct ElfInfo {
     pub runtime_size: u64,
     pub py_version: Option<u64>,
     pub pycode_type: Option<u64>,
+    /// `_Py_NoneStruct` (entry frames of 3.13+ carry it as their executable).
+    pub none: Option<u64>,
     pub loads: Vec<Load>,
     pub build_id: Option<Vec<u8>>,
 }
@@ -97,6 +99,7 @@ pub struct Detected {
     pub runtime_size: u64,
     pub py_version_addr: Option<u64>,
     pub pycode_type_addr: Option<u64>,
+    pub none_addr: Option<u64>,
     /// Address ranges of the file's mappings.
     pub image: Vec<(u64, u64)>,
     pub build_id: Option<Vec<u8>>,
@@ -199,6 +202,7 @@ fn place(info: &ElfInfo, mappings: &[&MapEntry]) -> Detected {
         runtime_size: info.runtime_size,
         py_version_addr: info.py_version.map(|a| a.wrapping_add(bias)),
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
+        none_addr: info.none.map(|a| a.wrapping_add(bias)),
         image: mappings.iter().map(|m| (m.start, m.end)).collect(),
         build_id: info.build_id.clone(),
     }
@@ -300,8 +304,13 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         .iter()
         .find(|s| name_of(s) == b".PyRuntime" && s.size > 0)
         .map(|s| (s.addr, s.size));
-    let wanted: [&[u8]; 3] = [b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
-    let mut syms: [Option<(u64, u64)>; 3] = [None; 3];
+    let wanted: [&[u8]; 4] = [
+        b"_PyRuntime",
+        b"Py_Version",
+        b"PyCode_Type",
+        b"_Py_NoneStruct",
+    ];
+    let mut syms: [Option<(u64, u64)>; 4] = [None; 4];
     let has_symtab = sections.iter().any(|s| s.kind == SHT_SYMTAB);
     for kind in [SHT_DYNSYM, SHT_SYMTAB] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
@@ -341,6 +350,7 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         runtime_size,
         py_version: syms[1].map(|s| s.0),
         pycode_type: syms[2].map(|s| s.0),
+        none: syms[3].map(|s| s.0),
         loads,
         build_id,
     }))
@@ -350,8 +360,8 @@ fn find_symbols(
     file: &File,
     symtab: &Section,
     strtab: &Section,
-    wanted: &[&[u8]; 3],
-    out: &mut [Option<(u64, u64)>; 3],
+    wanted: &[&[u8]; 4],
+    out: &mut [Option<(u64, u64)>; 4],
 ) -> Result<(), BadElf> {
     let syms = read_at(file, symtab.offset, symtab.size)?;
     let strs = read_at(file, strtab.offset, strtab.size)?;
@@ -407,6 +417,7 @@ mod tests {
             runtime_size: 1,
             py_version: None,
             pycode_type: None,
+            none: None,
             loads: vec![
                 Load {
                     offset: 0,

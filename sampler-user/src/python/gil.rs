@@ -29,13 +29,13 @@ pub enum InterpGil {
 /// Reads the GIL used by the interpreter at `interp`.
 pub fn read_interp_gil(ctx: Ctx<'_>, interp: u64) -> Result<InterpGil, MemError> {
     let i = &ctx.layout.interp;
-    let embedded = interp + i.gil_runtime_state;
-    let gil = match ctx.mem.read_u64(interp + i.ceval_gil)? {
+    let embedded = interp.wrapping_add(i.gil_runtime_state);
+    let gil = match ctx.mem.read_u64(interp.wrapping_add(i.ceval_gil))? {
         0 => embedded,
         p => p,
     };
     if let Some(enabled) = i.gil_enabled
-        && ctx.mem.read_i32(gil + enabled)? == 0
+        && ctx.mem.read_i32(gil.wrapping_add(enabled))? == 0
     {
         return Ok(InterpGil::Disabled);
     }
@@ -47,7 +47,7 @@ pub fn read_interp_gil(ctx: Ctx<'_>, interp: u64) -> Result<InterpGil, MemError>
     if hi - lo > 256 {
         return Err(bad);
     }
-    let span = ctx.mem.read_vec(gil + lo, (hi - lo) as usize)?;
+    let span = ctx.mem.read_vec(gil.wrapping_add(lo), (hi - lo) as usize)?;
     let is_locked = field_u32(&span, locked - lo).ok_or(bad)? != 0;
     let last_holder = field_u64(&span, holder - lo).ok_or(bad)?;
     Ok(if is_locked && last_holder != 0 {

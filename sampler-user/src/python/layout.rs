@@ -14,7 +14,7 @@
 //! `/work/shared/docs/cpython-layouts.md` (§2.4, §3.4, §5, §6, §7).
 
 use super::PyError;
-use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
+use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
 
 /// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
 /// free_threaded;` — the field list follows, one `uint64_t` each.
@@ -257,115 +257,6 @@ pub struct RuntimeLayout {
     pub table: Vec<(&'static str, u64)>,
 }
 
-/// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct VersionFacts {
-    pub source: FieldSource,
-    pub cframe_current_frame: Option<u64>,
-    pub instr_is_prev: bool,
-    pub stackref_tag_mask: u64,
-    pub holds_gil: HoldsGilFact,
-    pub state: Option<u64>,
-    /// (kind shift, compact bit, ascii bit) of `PyASCIIObject.state`.
-    pub unicode_bits: (u32, u32, u32),
-    pub managed_dict: ManagedDict,
-    pub values_array: u64,
-    pub inline_values: bool,
-    pub tlbc_entries: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum FieldSource {
-    /// Field names of `_Py_DebugOffsets` after the header, in struct order.
-    DebugOffsets(&'static [&'static str]),
-    /// A built-in table (3.12 has no debug offsets).
-    BuiltIn(&'static [(&'static str, u64)]),
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum HoldsGilFact {
-    None,
-    StatusBit(u32),
-    Int(u64),
-    /// `thread_state.holds_gil` is in the debug offsets (3.15).
-    Table,
-}
-
-/// Free-threaded builds: `interned` takes a whole byte, so `kind`/`compact`/`ascii` move to
-/// bits 8-10 / 11 / 12 in 3.14t ([unverified], §5.2); 3.13t keeps the default bits.
-const UNICODE_BITS_DEFAULT: (u32, u32, u32) = (2, 5, 6);
-const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
-
-/// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
-/// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
-/// §7 (`MANAGED_DICT_OFFSET`, `PyDictValues`).
-pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFacts, PyError> {
-    let unsupported = || PyError::Unsupported {
-        version: format!("{major}.{minor}{}", if ft { "t" } else { "" }),
-    };
-    if major != 3 {
-        return Err(unsupported());
-    }
-    let managed = ManagedDict::Pointer {
-        offset: if ft { -8 } else { -24 },
-    };
-    let base = VersionFacts {
-        source: FieldSource::DebugOffsets(FIELDS_313),
-        cframe_current_frame: None,
-        instr_is_prev: false,
-        stackref_tag_mask: 0,
-        holds_gil: HoldsGilFact::None,
-        state: None,
-        unicode_bits: UNICODE_BITS_DEFAULT,
-        managed_dict: managed,
-        values_array: 8,
-        inline_values: true,
-        tlbc_entries: 8,
-    };
-    Ok(match (minor, ft) {
-        (12, false) => VersionFacts {
-            source: FieldSource::BuiltIn(BUILTIN_312),
-            cframe_current_frame: Some(0),
-            instr_is_prev: true,
-            managed_dict: ManagedDict::Tagged { offset: -24 },
-            values_array: 0,
-            inline_values: false,
-            ..base
-        },
-        (13, _) => VersionFacts {
-            holds_gil: HoldsGilFact::StatusBit(5),
-            state: Some(40),
-            ..base
-        },
-        (14, _) => VersionFacts {
-            source: FieldSource::DebugOffsets(FIELDS_314),
-            stackref_tag_mask: 3,
-            holds_gil: HoldsGilFact::Int(36),
-            state: Some(44),
-            unicode_bits: if ft {
-                UNICODE_BITS_FT314
-            } else {
-                UNICODE_BITS_DEFAULT
-            },
-            ..base
-        },
-        // 3.15t was not examined; it inherits the 3.14t facts (unverified, like 3.14t).
-        (15, _) => VersionFacts {
-            source: FieldSource::DebugOffsets(FIELDS_315),
-            stackref_tag_mask: 3,
-            holds_gil: HoldsGilFact::Table,
-            state: Some(48),
-            unicode_bits: if ft {
-                UNICODE_BITS_FT314
-            } else {
-                UNICODE_BITS_DEFAULT
-            },
-            ..base
-        },
-        _ => return Err(unsupported()),
-    })
-}
-
 /// Named values, looked up by the `_Py_DebugOffsets` field name ("group.field").
 struct Table<'a> {
     values: &'a [(&'static str, u64)],
@@ -522,6 +413,10 @@ impl RuntimeLayout {
         Self::from_table(version, &facts, table)
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one flat, field-by-field mapping of the table"
+    )]
     fn from_table(
         version: PyVersion,
         facts: &VersionFacts,
@@ -730,6 +625,7 @@ impl RuntimeLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::python::tables::{FIELDS_313, FIELDS_314, FIELDS_315};
     use crate::python::testimage::debug_offsets_bytes;
 
     fn v(minor: u8, ft: bool) -> PyVersion {
@@ -788,6 +684,49 @@ mod tests {
         let l = RuntimeLayout::build(v(12, false), &[]).unwrap();
         assert_eq!(l.tstate.cframe_current_frame, Some(0));
         assert_eq!(l.runtime.interpreters_head, 40);
+    }
+
+    /// The 3.14t facts the layout combines (debug-offset values from the v3.14.0 headers plus
+    /// the built-in facts), asserted independently of the image builder.
+    #[test]
+    fn documented_314t_facts() {
+        let l = RuntimeLayout::build(v(14, true), &debug_offsets_bytes(14, true)).unwrap();
+        assert_eq!((l.object.header_size, l.object.ob_type), (32, 24));
+        assert_eq!(
+            (l.frame.owner, l.frame.tlbc_index, l.frame.stackref_tag_mask),
+            (78, Some(72), 3)
+        );
+        assert_eq!(
+            (l.code.tlbc, l.code.tlbc_entries, l.code.code_adaptive),
+            (Some(224), 8, 232)
+        );
+        assert_eq!(
+            (
+                l.unicode.state,
+                l.unicode.kind_shift,
+                l.unicode.compact_bit,
+                l.unicode.ascii_bit
+            ),
+            (48, 8, 11, 12)
+        );
+        assert_eq!((l.unicode.ascii_size, l.unicode.compact_size), (56, 72));
+        assert_eq!(l.dict.managed_dict, ManagedDict::Pointer { offset: -8 });
+        assert_eq!((l.types.ht_cached_keys, l.types.tp_basicsize), (896, 48));
+        assert_eq!(
+            (l.tstate.holds_gil, l.tstate.state),
+            (HoldsGil::Int { offset: 36 }, Some(44))
+        );
+        assert_eq!(l.interp.gil_enabled, Some(0));
+        let d = RuntimeLayout::build(v(14, false), &debug_offsets_bytes(14, false)).unwrap();
+        assert_eq!(
+            (
+                d.frame.owner,
+                d.frame.tlbc_index,
+                d.code.tlbc,
+                d.interp.gil_enabled
+            ),
+            (74, None, None, None)
+        );
     }
 
     #[test]

@@ -194,13 +194,13 @@ impl ReadMemory for ProcessMemory {
             let page_addr = cur & !(PAGE as u64 - 1);
             self.page(page_addr)?;
             let cache = self.cache.borrow();
-            let page_end = page_addr + PAGE as u64;
+            let page_end = page_addr.saturating_add(PAGE as u64);
             let chunk_end = end.min(page_end);
             let (src_lo, dst_lo) = ((cur - page_addr) as usize, (cur - addr) as usize);
             let n = (chunk_end - cur) as usize;
             match cache.get(&page_addr) {
                 Some(Some(page)) => {
-                    buf[dst_lo..dst_lo + n].copy_from_slice(&page[src_lo..src_lo + n])
+                    buf[dst_lo..dst_lo + n].copy_from_slice(&page[src_lo..src_lo + n]);
                 }
                 _ => {
                     return Err(MemError::Fault {

@@ -21,6 +21,7 @@ pub mod code;
 pub mod detect;
 pub mod dump;
 pub mod errors;
+mod facts;
 pub mod gil;
 pub mod layout;
 pub mod linetable;
@@ -37,6 +38,8 @@ mod live_tests;
 #[cfg(test)]
 pub(crate) mod testimage;
 #[cfg(test)]
+mod testvalues;
+#[cfg(test)]
 mod walker_tests;
 
 use std::collections::HashMap;
@@ -49,8 +52,9 @@ pub use layout::{PyVersion, RuntimeLayout};
 pub use memory::{ImageMemory, MemError, ProcessMemory, ReadMemory};
 pub use walker::Limits;
 
+use facts::version_facts;
 use gil::{InterpGil, read_interp_gil, thread_gil};
-use layout::{DEBUG_COOKIE, DEBUG_OFFSETS_HEADER, debug_offsets_len, version_facts};
+use layout::{DEBUG_COOKIE, DEBUG_OFFSETS_HEADER, debug_offsets_len};
 
 /// GIL state of one thread at the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -141,8 +145,9 @@ fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersio
         return Err(invalid("no debug offsets and no Py_Version".into()));
     };
     let v = PyVersion::from_hex(hex, false);
-    // A version that should carry debug offsets but does not: refuse rather than guess.
-    if (v.major, v.minor) >= (3, 13) && version_facts(v.major, v.minor, false).is_ok() {
+    // Unknown minors are refused here; a version that carries debug offsets but has no cookie
+    // is refused rather than guessed.
+    if debug_offsets_len(&version_facts(v.major, v.minor, false)?) > 0 {
         return Err(invalid(format!("{v} without the \"xdebugpy\" cookie")));
     }
     Ok(v)
@@ -206,7 +211,10 @@ impl PythonProcess {
                 Ok((version, layout)) => {
                     // An embedding process can map two runtimes: prefer the initialised one.
                     let live = mem
-                        .read_u64(d.runtime_addr + layout.runtime.interpreters_head)
+                        .read_u64(
+                            d.runtime_addr
+                                .wrapping_add(layout.runtime.interpreters_head),
+                        )
                         .is_ok_and(|h| h != 0);
                     if live || chosen.is_none() {
                         chosen = Some((d, version, layout));
@@ -283,7 +291,11 @@ impl PythonProcess {
         };
         let head = self
             .mem
-            .read_u64(self.detected.runtime_addr + self.layout.runtime.interpreters_head)
+            .read_u64(
+                self.detected
+                    .runtime_addr
+                    .wrapping_add(self.layout.runtime.interpreters_head),
+            )
             .map_err(|e| PyError::from_mem(self.pid, e))?;
         // The main interpreter is the last one of the list; all share the build's GIL mode.
         Ok(!matches!(

@@ -69,10 +69,13 @@ fn keys_items(
     } else {
         (16, 0, 8)
     };
-    let entries = keys + DK_HEADER + (1u64 << log2_index_bytes);
+    let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
     let raw = mem.read_vec(entries, (nentries * size) as usize)?;
     let split = match values {
-        Some(v) => Some(mem.read_vec(v + ctx.layout.dict.values_array, (nentries * 8) as usize)?),
+        Some(v) => Some(mem.read_vec(
+            v.wrapping_add(ctx.layout.dict.values_array),
+            (nentries * 8) as usize,
+        )?),
         None => None,
     };
     let mut out = Vec::new();
@@ -92,8 +95,8 @@ fn keys_items(
 /// Items of the dict object at `dict`.
 fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, NameError> {
     let d = &ctx.layout.dict;
-    let keys = ctx.mem.read_u64(dict + d.ma_keys)?;
-    let values = ctx.mem.read_u64(dict + d.ma_values)?;
+    let keys = ctx.mem.read_u64(dict.wrapping_add(d.ma_keys))?;
+    let values = ctx.mem.read_u64(dict.wrapping_add(d.ma_values))?;
     if keys == 0 {
         return Err(NameError::Invalid {
             what: "NULL ma_keys",
@@ -116,7 +119,7 @@ fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Resul
 /// A non-negative `int` that fits in 64 bits (`threading.get_ident()` values).
 fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
     let l = &ctx.layout.long;
-    let tag = ctx.mem.read_u64(addr + l.lv_tag)?;
+    let tag = ctx.mem.read_u64(addr.wrapping_add(l.lv_tag))?;
     let (ndigits, sign) = (tag >> 3, tag & 3);
     if sign == 2 || ndigits > 3 {
         return Err(NameError::Invalid {
@@ -126,7 +129,7 @@ fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
     }
     let digits = ctx
         .mem
-        .read_vec(addr + l.ob_digit, (ndigits * 4) as usize)?;
+        .read_vec(addr.wrapping_add(l.ob_digit), (ndigits * 4) as usize)?;
     let mut v: u128 = 0;
     for (i, d) in digits.chunks_exact(4).enumerate() {
         v |= u128::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]) & 0x3fff_ffff) << (30 * i);
@@ -140,9 +143,9 @@ fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
 /// The attribute `name` of a heap-type instance with a managed dict.
 fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, NameError> {
     let (mem, l) = (ctx.mem, ctx.layout);
-    let ty = mem.read_u64(obj + l.object.ob_type)?;
+    let ty = mem.read_u64(obj.wrapping_add(l.object.ob_type))?;
     let cached_keys = || -> Result<u64, NameError> {
-        Some(mem.read_u64(ty + l.types.ht_cached_keys)?)
+        Some(mem.read_u64(ty.wrapping_add(l.types.ht_cached_keys))?)
             .filter(|k| *k != 0)
             .ok_or(NameError::Invalid {
                 what: "no ht_cached_keys",
@@ -168,18 +171,23 @@ fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, Name
         }
         ManagedDict::Pointer { offset } => {
             let w = mem.read_u64(obj.wrapping_add_signed(offset))?;
-            let flags = mem.read_u64(ty + l.types.tp_flags)?;
+            let flags = mem.read_u64(ty.wrapping_add(l.types.tp_flags))?;
             if w != 0 {
                 dict_items(ctx, w, MAX_DICT_ENTRIES)?
             } else if l.dict.inline_values && flags & TPFLAGS_INLINE_VALUES != 0 {
-                let basicsize = mem.read_u64(ty + l.types.tp_basicsize)?;
+                let basicsize = mem.read_u64(ty.wrapping_add(l.types.tp_basicsize))?;
                 if basicsize == 0 || basicsize > 1 << 16 {
                     return Err(NameError::Invalid {
                         what: "tp_basicsize",
                         addr: ty,
                     });
                 }
-                keys_items(ctx, cached_keys()?, Some(obj + basicsize), MAX_DICT_ENTRIES)?
+                keys_items(
+                    ctx,
+                    cached_keys()?,
+                    Some(obj.wrapping_add(basicsize)),
+                    MAX_DICT_ENTRIES,
+                )?
             } else {
                 return Err(NameError::Missing("instance dict"));
             }
@@ -195,7 +203,7 @@ pub fn thread_names(
     max_threads: u64,
 ) -> Result<HashMap<u64, String>, NameError> {
     let (mem, l) = (ctx.mem, ctx.layout);
-    let modules = mem.read_u64(interp + l.interp.imports_modules)?;
+    let modules = mem.read_u64(interp.wrapping_add(l.interp.imports_modules))?;
     if modules == 0 {
         return Err(NameError::Missing("sys.modules"));
     }
@@ -204,7 +212,7 @@ pub fn thread_names(
         &dict_items(ctx, modules, MAX_DICT_ENTRIES)?,
         "threading",
     )?;
-    let md_dict = mem.read_u64(threading + l.dict.module_dict)?;
+    let md_dict = mem.read_u64(threading.wrapping_add(l.dict.module_dict))?;
     let active = find_str_key(ctx, &dict_items(ctx, md_dict, MAX_DICT_ENTRIES)?, "_active")?;
     let mut names = HashMap::new();
     for (k, thread) in dict_items(ctx, active, max_threads)? {

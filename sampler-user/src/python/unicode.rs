@@ -78,10 +78,10 @@ pub fn read_str(
         return Err(bad("unknown kind"));
     }
     let data = match (st.compact, st.ascii) {
-        (true, true) => addr + u.ascii_size,
-        (true, false) => addr + u.compact_size,
+        (true, true) => addr.wrapping_add(u.ascii_size),
+        (true, false) => addr.wrapping_add(u.compact_size),
         // Legacy string: `PyUnicodeObject.data.any` follows the compact header.
-        (false, _) => Some(mem.read_u64(addr + u.compact_size)?)
+        (false, _) => Some(mem.read_u64(addr.wrapping_add(u.compact_size))?)
             .filter(|p| *p != 0)
             .ok_or(bad("NULL data"))?,
     };
@@ -119,14 +119,14 @@ pub fn read_bytes(
     if addr == 0 {
         return Err(StrError::Invalid { addr, why: "NULL" });
     }
-    let len = mem.read_u64(addr + b.ob_size)?;
+    let len = mem.read_u64(addr.wrapping_add(b.ob_size))?;
     if len > max_len as u64 {
         return Err(StrError::Invalid {
             addr,
             why: "bytes longer than the cap",
         });
     }
-    Ok(mem.read_vec(addr + b.ob_sval, len as usize)?)
+    Ok(mem.read_vec(addr.wrapping_add(b.ob_sval), len as usize)?)
 }
 
 #[cfg(test)]
@@ -148,6 +148,30 @@ mod tests {
             assert_eq!(read_str(&mem, &layout, legacy, 100).unwrap(), "legacy é");
             assert_eq!(read_str(&mem, &layout, addrs[2], 3).unwrap(), "При…");
             assert!(read_str(&mem, &layout, 0, 10).is_err());
+        }
+    }
+
+    /// Raw state words written by hand (not by `StrState::encode`): CPython v3.14.0
+    /// `Include/cpython/unicodeobject.h` — default builds pack `interned:2, kind:3, compact:1,
+    /// ascii:1`; free-threaded 3.14 makes `interned` an `unsigned char`, so the bit fields start
+    /// at bit 8. 3.13t keeps the default packing (live-checked by `builder_matches_live_313t`).
+    #[test]
+    fn hand_written_state_words() {
+        let cases = [
+            (Flavor::V313, 0x64u32, 0xa8u32), // ascii kind 1 | kind 2 compact, interned = 0
+            (Flavor::V313T, 0x64, 0xa8),
+            (Flavor::V314, 0x65, 0xaa), // interned = 1 / 2 must not matter
+            (Flavor::V314T, 0x1901, 0x0a02),
+        ];
+        for (flavor, ascii_state, ucs2_state) in cases {
+            let mut b = ImageBuilder::new(flavor);
+            let (a, w) = (b.str_object("abc"), b.str_object("Жж"));
+            let layout = b.layout().clone();
+            b.w32(a + layout.unicode.state, ascii_state);
+            b.w32(w + layout.unicode.state, ucs2_state);
+            let mem = b.memory();
+            assert_eq!(read_str(&mem, &layout, a, 10).unwrap(), "abc", "{flavor:?}");
+            assert_eq!(read_str(&mem, &layout, w, 10).unwrap(), "Жж", "{flavor:?}");
         }
     }
 

@@ -88,7 +88,7 @@ pub fn walk(
     let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
     let to_py = |e| PyError::from_mem(pid, e);
     let mut interp = mem
-        .read_u64(runtime + l.runtime.interpreters_head)
+        .read_u64(runtime.wrapping_add(l.runtime.interpreters_head))
         .map_err(to_py)?;
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -97,7 +97,7 @@ pub fn walk(
             counts.add(ErrorKind::TooManyThreads);
             break;
         }
-        let word = |off| mem.read_u64(interp + off);
+        let word = |off| mem.read_u64(interp.wrapping_add(off));
         let id = word(l.interp.id).map_err(to_py)? as i64;
         if let Some(off) = l.interp.code_object_generation.filter(|_| id == 0) {
             cache.set_generation(word(off).map_err(to_py)?);
@@ -151,7 +151,7 @@ fn walk_threads(
         let f64_ = |off| field_u64(&buf, off).unwrap_or(0);
         let mut frame = f64_(t.current_frame);
         if let (Some(inner), true) = (t.cframe_current_frame, frame != 0) {
-            frame = match mem.read_u64(frame + inner) {
+            frame = match mem.read_u64(frame.wrapping_add(inner)) {
                 Ok(f) => f,
                 Err(e) => {
                     if let Some(f) = fatal(pid, e) {
