@@ -1,1 +1,537 @@
-//! collect stage (being built).
+//! collect stage: load the eBPF object, attach it, and turn its ring buffer into [`Event`]s.
+//!
+//! Owns: the embedded eBPF object, every eBPF map and program of it (nothing else in the crate
+//! touches them), the perf events (one software CPU-clock event per online CPU) and the three
+//! process-event tracepoints.
+//! Input: a [`CollectConfig`]. Output: [`Event`]s delivered by [`Collector::poll`], kernel
+//! stacks by id ([`Collector::kernel_stack`]), and [`CounterTotals`].
+//!
+//! Constraints: synchronous (the record loop calls `poll` with a timeout); never panics on
+//! ring-buffer contents (malformed records are counted and skipped); needs root or
+//! CAP_BPF + CAP_PERFMON (checked earlier by `preflight`). CPU hot-plug is not followed: CPUs
+//! that come online after `start` are not sampled.
+mod counters;
+mod decode;
+mod error;
+mod targets;
+mod tracefs;
+
+#[cfg(test)]
+mod root_tests;
+
+use std::{os::fd::AsRawFd as _, os::fd::OwnedFd, time::Duration};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{
+        PerfEvent, ProgramError, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+pub use counters::CounterTotals;
+pub use decode::{Event, Malformed, ProcChange, RawSample, StackCopy, decode_record};
+pub use error::CollectError;
+use error::{errno_of, one_line};
+use sampler_common::{
+    Config, Counter, DEFAULT_RING_BYTES, STACK_SIZE_CLASSES, TARGET_PIDS_ENTRIES, maps, programs,
+};
+
+/// The eBPF object built by `build.rs` (empty when built with `PYEBPF_SKIP_EBPF=1`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pyebpf-sampler"));
+
+/// What to sample and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Processes to sample (with `filter_pids`); more can be added with
+    /// [`Collector::add_target_pid`].
+    pub pids: Vec<u32>,
+    /// Sample only `pids` (and followed children). Implied when `pids` is not empty; set it with
+    /// an empty `pids` to start with nothing and add a spawned command later.
+    pub filter_pids: bool,
+    /// Add children forked by target processes to the targets (in the kernel, at fork).
+    pub follow_children: bool,
+    /// User-stack bytes copied per sample: 0 for none, else one of `STACK_SIZE_CLASSES`.
+    pub stack_bytes: u32,
+    /// Record kernel stacks.
+    pub kernel_stacks: bool,
+    /// Ring-buffer size: a power of two, at least 64 KiB and 4 maximal records; 0 = default.
+    pub ring_bytes: u32,
+    /// The profiler's own pid, never sampled (0: none).
+    pub self_pid: u32,
+}
+
+impl Default for CollectConfig {
+    fn default() -> Self {
+        CollectConfig {
+            frequency_hz: 99,
+            pids: Vec::new(),
+            filter_pids: false,
+            follow_children: false,
+            stack_bytes: sampler_common::DEFAULT_STACK_BYTES,
+            kernel_stacks: false,
+            ring_bytes: DEFAULT_RING_BYTES,
+            self_pid: std::process::id(),
+        }
+    }
+}
+
+/// Run statistics of the sampling program (from `bpf_prog_info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// Total time spent in the program; `None` when run-time stats could not be enabled.
+    pub run_time_ns: Option<u64>,
+    /// Number of runs; `None` when run-time stats could not be enabled.
+    pub run_count: Option<u64>,
+    /// Instructions after the verifier's rewrites (`xlated_prog_len / 8`).
+    pub translated_insns: u32,
+    /// Size of the JIT-compiled code in bytes (0 without JIT).
+    pub jited_bytes: u32,
+    /// Instructions the verifier processed at load (kernel ≥ 5.16).
+    pub verified_insns: Option<u32>,
+}
+
+/// A loaded and attached set of programs; dropping it detaches everything.
+pub struct Collector {
+    /// Owns the programs and their links (maps were taken out below).
+    ebpf: Ebpf,
+    events: RingBuf<MapData>,
+    kstacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    targets: targets::TargetPids,
+    cpus: usize,
+    ring_bytes: u32,
+    malformed: u64,
+    /// Keeps `kernel.bpf_stats_enabled` on while we run (closing it turns stats off).
+    stats: Option<OwnedFd>,
+}
+
+impl Collector {
+    /// Load the embedded object with `cfg`, fill the targets, attach the tracepoints and a
+    /// CPU-clock perf event on every online CPU.
+    pub fn start(cfg: &CollectConfig) -> Result<Collector, CollectError> {
+        let ring_bytes = validate(cfg)?;
+        if OBJECT.is_empty() {
+            return Err(CollectError::NotBuilt);
+        }
+        raise_memlock_limit();
+        let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
+        let config = Config {
+            filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
+            follow_children: u32::from(cfg.follow_children),
+            stack_bytes: cfg.stack_bytes,
+            kernel_stacks: u32::from(cfg.kernel_stacks),
+            self_pid: cfg.self_pid,
+            fork_pid_offset: fork.pid,
+            fork_flags_offset: fork.clone_flags,
+            pad: 0,
+        };
+        let mut ebpf = EbpfLoader::new()
+            .override_global(maps::CONFIG, &config, true)
+            .map_max_entries(maps::EVENTS, ring_bytes)
+            .load(OBJECT)
+            .map_err(|e| CollectError::LoadObject {
+                reason: one_line(&e),
+                errno: errno_of(&e),
+            })?;
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(err) => {
+                tracing::debug!("BPF run-time stats unavailable: {}", one_line(&err));
+                None
+            }
+        };
+
+        let mut targets =
+            targets::TargetPids::new(take_map(&mut ebpf, maps::TARGET_PIDS, HashMap::try_from)?);
+        for &pid in &cfg.pids {
+            targets.add(pid)?;
+        }
+        let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
+        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
+        let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
+
+        for (program, name) in [
+            (programs::EXEC, "sched_process_exec"),
+            (programs::EXIT, "sched_process_exit"),
+        ] {
+            attach_tracepoint(&mut ebpf, program, "sched", name)?;
+        }
+        attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
+        let cpus = attach_perf_events(&mut ebpf, cfg.frequency_hz)?;
+
+        Ok(Collector {
+            ebpf,
+            events,
+            kstacks,
+            counters,
+            targets,
+            cpus,
+            ring_bytes,
+            malformed: 0,
+            stats,
+        })
+    }
+
+    /// Sample `pid` too (e.g. a command spawned after `start`).
+    pub fn add_target_pid(&mut self, pid: u32) -> Result<(), CollectError> {
+        self.targets.add(pid)
+    }
+
+    /// Wait up to `timeout` for events, then hand every available one to `f` (bounded by one
+    /// ring's worth of bytes per call). Returns how many events were delivered. An interrupted
+    /// wait (EINTR, e.g. Ctrl-C) returns early without error.
+    pub fn poll(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(Event),
+    ) -> Result<usize, CollectError> {
+        let mut fd = libc::pollfd {
+            fd: self.events.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = i32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&raw mut fd, 1, millis) } < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(CollectError::Poll { source: err });
+            }
+        }
+        Ok(self.drain(&mut f))
+    }
+
+    /// Decode and deliver available records until the ring is empty or one ring's worth of
+    /// bytes was consumed (so a flood cannot keep us here forever).
+    fn drain(&mut self, f: &mut impl FnMut(Event)) -> usize {
+        /// Kernel ring-buffer record header (`BPF_RINGBUF_HDR_SZ`).
+        const RECORD_HEADER: usize = 8;
+        let budget = self.ring_bytes as usize;
+        let mut consumed = 0;
+        let mut delivered = 0;
+        while consumed < budget {
+            let decoded = {
+                let Some(item) = self.events.next() else {
+                    break;
+                };
+                consumed += item.len() + RECORD_HEADER;
+                decode_record(&item)
+            };
+            match decoded {
+                Ok(event) => {
+                    f(event);
+                    delivered += 1;
+                }
+                Err(why) => {
+                    self.malformed += 1;
+                    tracing::debug!("skipped malformed ring-buffer record: {why:?}");
+                }
+            }
+        }
+        delivered
+    }
+
+    /// The kernel stack recorded under `stack_id`, innermost frame first; `None` for negative
+    /// ids or ids no longer present. Ids stay valid for the collector's lifetime.
+    pub fn kernel_stack(&self, stack_id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(stack_id).ok()?;
+        let trace = self.kstacks.get(&id, 0).ok()?;
+        let frames: Vec<u64> = trace.frames().iter().map(|frame| frame.ip).collect();
+        (!frames.is_empty()).then_some(frames)
+    }
+
+    /// Kernel counters summed over CPUs, plus the collector's own counts.
+    pub fn counters(&self) -> Result<CounterTotals, CollectError> {
+        let mut totals = CounterTotals::from_per_cpu(|counter: Counter| {
+            self.counters
+                .get(&(counter as u32), 0)
+                .map(|values| values.iter().copied().collect())
+                .map_err(|e| CollectError::Map {
+                    map: maps::COUNTERS,
+                    reason: one_line(&e),
+                })
+        })?;
+        totals.malformed = self.malformed;
+        Ok(totals)
+    }
+
+    /// Statistics of `pyebpf_sample`; `None` if its program info cannot be read.
+    pub fn program_stats(&self) -> Option<ProgramStats> {
+        let program: &PerfEvent = self.ebpf.program(programs::SAMPLE)?.try_into().ok()?;
+        let info = program.info().ok()?;
+        let enabled = self.stats.is_some();
+        Some(ProgramStats {
+            run_time_ns: enabled
+                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
+            run_count: enabled.then(|| info.run_count()),
+            translated_insns: info.size_translated().unwrap_or(0) / 8,
+            jited_bytes: info.size_jitted(),
+            verified_insns: info.verified_instruction_count(),
+        })
+    }
+
+    /// Number of CPUs being sampled.
+    pub fn online_cpus(&self) -> usize {
+        self.cpus
+    }
+}
+
+/// Check `cfg` against what the kernel side accepts; returns the ring size to use.
+fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
+    let invalid = |setting, reason: String| Err(CollectError::InvalidConfig { setting, reason });
+    if cfg.frequency_hz == 0 {
+        return invalid("sampling rate", "0 Hz: use at least 1 Hz".into());
+    }
+    if let Some(max) = max_sample_rate()
+        && cfg.frequency_hz > max
+    {
+        return invalid(
+            "sampling rate",
+            format!(
+                "{} Hz is above kernel.perf_event_max_sample_rate ({max} Hz)",
+                cfg.frequency_hz
+            ),
+        );
+    }
+    if cfg.stack_bytes != 0 && !STACK_SIZE_CLASSES.contains(&cfg.stack_bytes) {
+        return invalid(
+            "stack copy size",
+            format!(
+                "{} bytes: use 0 or one of {STACK_SIZE_CLASSES:?}",
+                cfg.stack_bytes
+            ),
+        );
+    }
+    let ring = if cfg.ring_bytes == 0 {
+        DEFAULT_RING_BYTES
+    } else {
+        cfg.ring_bytes
+    };
+    let record = size_of::<sampler_common::SampleEvent>() as u32 + cfg.stack_bytes;
+    let min = (4 * record).next_power_of_two().max(64 << 10);
+    if !ring.is_power_of_two() || ring < min {
+        return invalid(
+            "ring buffer size",
+            format!("{ring} bytes: use a power of two of at least {min} bytes for this stack size"),
+        );
+    }
+    if cfg.pids.len() > TARGET_PIDS_ENTRIES as usize {
+        return invalid(
+            "pid list",
+            format!(
+                "{} pids: at most {TARGET_PIDS_ENTRIES} can be sampled",
+                cfg.pids.len()
+            ),
+        );
+    }
+    Ok(ring)
+}
+
+/// `kernel.perf_event_max_sample_rate`, if readable.
+fn max_sample_rate() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Raise RLIMIT_MEMLOCK for kernels that still charge BPF memory to it (< 5.11); failure is
+/// fine (newer kernels charge the memory cgroup instead).
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscalls on valid structs.
+    unsafe {
+        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const unlimited) == 0 {
+            return;
+        }
+        let mut current = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut current) == 0 {
+            current.rlim_cur = current.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const current);
+        }
+    }
+    tracing::debug!("RLIMIT_MEMLOCK could not be made unlimited (fine on kernels >= 5.11)");
+}
+
+/// Take a map out of `ebpf` and wrap it in its typed handle.
+fn take_map<T>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    wrap: impl FnOnce(aya::maps::Map) -> Result<T, aya::maps::MapError>,
+) -> Result<T, CollectError> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or(CollectError::MissingInObject { kind: "map", name })?;
+    wrap(map).map_err(|e| CollectError::Map {
+        map: name,
+        reason: one_line(&e),
+    })
+}
+
+/// Translate a program load failure, keeping the verifier log out of the message.
+fn load_error(program: &'static str, err: ProgramError) -> CollectError {
+    match err {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => CollectError::ProgramLoad {
+            program,
+            reason: io_error.to_string(),
+            errno: io_error.raw_os_error(),
+            verifier_log: verifier_log.to_string(),
+        },
+        other => CollectError::ProgramLoad {
+            program,
+            reason: one_line(&other),
+            errno: errno_of(&other),
+            verifier_log: String::new(),
+        },
+    }
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    category: &'static str,
+    name: &'static str,
+) -> Result<(), CollectError> {
+    let missing = CollectError::MissingInObject {
+        kind: "program",
+        name: program,
+    };
+    let tp: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or(missing)?
+        .try_into()
+        .map_err(|e| load_error(program, e))?;
+    tp.load().map_err(|e| load_error(program, e))?;
+    tp.attach(category, name)
+        .map_err(|e| CollectError::AttachTracepoint {
+            category,
+            name,
+            reason: one_line(&e),
+            errno: errno_of(&e),
+        })?;
+    Ok(())
+}
+
+/// Load `pyebpf_sample` and attach it to a CPU-clock event on every online CPU.
+fn attach_perf_events(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize, CollectError> {
+    const ONLINE: &str = "/sys/devices/system/cpu/online";
+    let program = programs::SAMPLE;
+    let missing = CollectError::MissingInObject {
+        kind: "program",
+        name: program,
+    };
+    let perf: &mut PerfEvent = ebpf
+        .program_mut(program)
+        .ok_or(missing)?
+        .try_into()
+        .map_err(|e| load_error(program, e))?;
+    perf.load().map_err(|e| load_error(program, e))?;
+    let cpus = aya::util::online_cpus().map_err(|(_, source)| CollectError::OnlineCpus {
+        path: ONLINE,
+        source,
+    })?;
+    for &cpu in &cpus {
+        perf.attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            SamplePolicy::Frequency(frequency_hz),
+            false,
+        )
+        .map_err(|e| CollectError::AttachPerf {
+            cpu,
+            reason: one_line(&e),
+            errno: errno_of(&e),
+        })?;
+    }
+    Ok(cpus.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> CollectConfig {
+        CollectConfig {
+            frequency_hz: 99,
+            ..CollectConfig::default()
+        }
+    }
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(validate(&cfg()).unwrap(), DEFAULT_RING_BYTES);
+    }
+
+    #[test]
+    fn rejects_bad_settings_with_one_line_reasons() {
+        let cases = [
+            CollectConfig {
+                frequency_hz: 0,
+                ..cfg()
+            },
+            CollectConfig {
+                stack_bytes: 5000,
+                ..cfg()
+            },
+            CollectConfig {
+                ring_bytes: 3 << 20,
+                ..cfg()
+            },
+            CollectConfig {
+                ring_bytes: 64 << 10,
+                stack_bytes: 64 << 10,
+                ..cfg()
+            },
+            CollectConfig {
+                pids: vec![1; TARGET_PIDS_ENTRIES as usize + 1],
+                ..cfg()
+            },
+        ];
+        for c in cases {
+            let err = validate(&c).unwrap_err();
+            assert!(matches!(err, CollectError::InvalidConfig { .. }), "{err}");
+            assert!(!err.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn every_stack_class_and_zero_ring_are_accepted() {
+        for class in STACK_SIZE_CLASSES.into_iter().chain([0]) {
+            assert!(
+                validate(&CollectConfig {
+                    stack_bytes: class,
+                    ring_bytes: 0,
+                    ..cfg()
+                })
+                .is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn rate_above_kernel_limit_is_rejected() {
+        let Some(max) = max_sample_rate() else { return };
+        let err = validate(&CollectConfig {
+            frequency_hz: max + 1,
+            ..cfg()
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("perf_event_max_sample_rate"),
+            "{err}"
+        );
+    }
+}

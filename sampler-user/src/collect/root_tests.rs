@@ -1,0 +1,471 @@
+//! Privileged tests of the collector against the running kernel (need root).
+//!
+//! Without root they print a loud SKIPPED line, except under `CI=true`, where they fail: CI
+//! must run them. They are serialised (a shared lock) because each loads its own object and
+//! competes for the same two CPUs.
+use std::{
+    io::Write as _,
+    process::Command,
+    sync::{Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+use sampler_common::{Counter, STACK_SIZE_CLASSES, sample_flags};
+
+use super::{CollectConfig, Collector, Event, RawSample};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// True when running as root; otherwise skip (or fail under CI=true).
+fn have_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test} needs root and CI=true"
+    );
+    // Written to the stderr handle, not with eprintln!, so the test harness does not swallow it.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {test} needs root ***\n");
+    false
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Spin in user space for `dur`; returns the spinning thread's id through `tid`.
+fn spin(dur: Duration, tid: &mpsc::Sender<u32>) {
+    tid.send(gettid()).unwrap();
+    let start = Instant::now();
+    let mut x = 0u64;
+    while start.elapsed() < dur {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+    std::hint::black_box(x);
+}
+
+fn own_cfg(stack_bytes: u32) -> CollectConfig {
+    CollectConfig {
+        frequency_hz: 499,
+        pids: vec![std::process::id()],
+        filter_pids: true,
+        follow_children: false,
+        stack_bytes,
+        kernel_stacks: true,
+        ring_bytes: 0,
+        self_pid: 0,
+    }
+}
+
+#[test]
+fn loads_at_every_stack_size_class() {
+    if !have_root("loads_at_every_stack_size_class") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for stack_bytes in [0].into_iter().chain(STACK_SIZE_CLASSES) {
+        for kernel_stacks in [false, true] {
+            let cfg = CollectConfig {
+                kernel_stacks,
+                ..own_cfg(stack_bytes)
+            };
+            let collector = Collector::start(&cfg).unwrap_or_else(|e| {
+                panic!(
+                    "stack {stack_bytes}, kstacks {kernel_stacks}: {e}\n{}",
+                    e.verifier_log().unwrap_or("")
+                )
+            });
+            let stats = collector.program_stats().expect("program info");
+            assert!(stats.translated_insns > 0);
+            eprintln!(
+                "stack_bytes={stack_bytes:>5} kernel_stacks={kernel_stacks:<5} verified_insns={:?} translated={} jited_bytes={}",
+                stats.verified_insns, stats.translated_insns, stats.jited_bytes
+            );
+        }
+    }
+}
+
+#[test]
+fn collect_samples_own_busy_thread() {
+    if !have_root("collect_samples_own_busy_thread") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut collector = Collector::start(&own_cfg(32 << 10)).unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = mpsc::channel();
+    let busy = std::thread::spawn(move || spin(Duration::from_millis(1500), &tx));
+    let busy_tid = rx.recv().unwrap();
+
+    let started = Instant::now();
+    let mut samples: Vec<RawSample> = Vec::new();
+    while started.elapsed() < Duration::from_millis(1700) {
+        collector
+            .poll(Duration::from_millis(50), |ev| {
+                if let Event::Sample(s) = ev {
+                    samples.push(s);
+                }
+            })
+            .unwrap();
+    }
+    busy.join().unwrap();
+    collector
+        .poll(Duration::ZERO, |ev| {
+            if let Event::Sample(s) = ev {
+                samples.push(s);
+            }
+        })
+        .unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let pid = std::process::id();
+    assert!(
+        samples.iter().all(|s| s.pid == pid),
+        "a sample of another process leaked through the filter"
+    );
+    let busy: Vec<&RawSample> = samples.iter().filter(|s| s.tid == busy_tid).collect();
+    let with_stack: Vec<&RawSample> = busy.iter().copied().filter(|s| s.stack.is_some()).collect();
+    let totals = collector.counters().unwrap();
+    eprintln!(
+        "{} samples ({:.0}/s), {} of the busy thread, {} with a stack copy; counters: {:?}",
+        samples.len(),
+        samples.len() as f64 / elapsed,
+        busy.len(),
+        with_stack.len(),
+        totals.iter().collect::<Vec<_>>()
+    );
+    if let Some(stats) = collector.program_stats() {
+        eprintln!("program stats: {stats:?}");
+    }
+    // 499 Hz for ~1.5 s of spinning: ~750 if the thread had a CPU all along; allow heavy load.
+    assert!(
+        busy.len() >= 100,
+        "only {} samples of the busy thread",
+        busy.len()
+    );
+    assert!(
+        with_stack.len() * 10 >= busy.len() * 9,
+        "few stack copies: {} of {}",
+        with_stack.len(),
+        busy.len()
+    );
+    for s in &with_stack {
+        let copy = s.stack.as_ref().unwrap();
+        assert!(!copy.bytes.is_empty());
+        assert_eq!(copy.base % 4096, 0);
+        let end = copy.base + copy.bytes.len() as u64;
+        assert!(
+            (copy.base..end).contains(&s.regs.sp),
+            "sp {:#x} outside copy [{:#x}, {end:#x})",
+            s.regs.sp,
+            copy.base
+        );
+        assert_ne!(
+            s.flags & (sample_flags::USER_MODE | sample_flags::REGS_FROM_TASK),
+            0
+        );
+    }
+    for s in samples.iter().filter(|s| s.kernel_stack_id >= 0) {
+        assert!(
+            collector
+                .kernel_stack(s.kernel_stack_id)
+                .is_some_and(|k| !k.is_empty())
+        );
+    }
+    assert_eq!(totals.lost_samples(), 0);
+    assert_eq!(totals.malformed, 0);
+    assert!(totals.get(Counter::Sent) >= samples.len() as u64);
+    assert!(totals.get(Counter::Runs) >= totals.get(Counter::Sent));
+}
+
+#[test]
+fn follows_forked_children() {
+    if !have_root("follows_forked_children") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cfg = CollectConfig {
+        follow_children: true,
+        stack_bytes: 8 << 10,
+        ..own_cfg(0)
+    };
+    let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
+
+    // A new thread of ours fires sched_process_fork too; it must not come out as a FORK.
+    let (tx, rx) = mpsc::channel();
+    let thread = std::thread::spawn(move || spin(Duration::from_millis(50), &tx));
+    let thread_tid = rx.recv().unwrap();
+    thread.join().unwrap();
+
+    let mut child = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn sh");
+    let child_pid = child.id();
+    let mut forks = Vec::new();
+    let mut child_samples = 0usize;
+    let mut execs = 0usize;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1200) {
+        collector
+            .poll(Duration::from_millis(50), |ev| match ev {
+                Event::Fork(c) => forks.push(c),
+                Event::Sample(s) if s.pid == child_pid => child_samples += 1,
+                Event::Exec(c) if c.pid == child_pid => execs += 1,
+                _ => {}
+            })
+            .unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let totals = collector.counters().unwrap();
+    eprintln!(
+        "forks {forks:?}, {child_samples} child samples, {execs} execs, counters {:?}",
+        totals.iter().collect::<Vec<_>>()
+    );
+
+    let fork = forks
+        .iter()
+        .find(|c| c.pid == child_pid)
+        .expect("no FORK event for the child");
+    assert_eq!(fork.parent_pid, std::process::id());
+    assert!(
+        forks.iter().all(|c| c.pid != thread_tid),
+        "a new thread was reported as a FORK"
+    );
+    assert_eq!(execs, 1, "the child's exec was not reported");
+    assert!(
+        child_samples >= 50,
+        "only {child_samples} samples of the followed child"
+    );
+    assert_eq!(totals.get(Counter::FollowFailed), 0);
+}
+
+/// Read from /dev/zero in a loop for `dur`: the thread spends most of its time in the kernel.
+fn syscall_loop(dur: Duration, tid: &mpsc::Sender<u32>) {
+    use std::io::Read as _;
+    tid.send(gettid()).unwrap();
+    let mut zero = std::fs::File::open("/dev/zero").unwrap();
+    let mut buf = vec![1u8; 1 << 20];
+    let start = Instant::now();
+    while start.elapsed() < dur {
+        zero.read_exact(&mut buf).unwrap();
+    }
+}
+
+#[test]
+fn kernel_mode_samples_use_task_regs_and_kernel_stacks() {
+    if !have_root("kernel_mode_samples_use_task_regs_and_kernel_stacks") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut collector = Collector::start(&own_cfg(16 << 10)).unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = mpsc::channel();
+    let worker = std::thread::spawn(move || syscall_loop(Duration::from_secs(1), &tx));
+    let tid = rx.recv().unwrap();
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1150) {
+        collector
+            .poll(Duration::from_millis(50), |ev| {
+                if let Event::Sample(s) = ev
+                    && s.tid == tid
+                {
+                    samples.push(s);
+                }
+            })
+            .unwrap();
+    }
+    worker.join().unwrap();
+    let from_task: Vec<&RawSample> = samples
+        .iter()
+        .filter(|s| s.flags & sample_flags::REGS_FROM_TASK != 0)
+        .collect();
+    let with_kstack = from_task
+        .iter()
+        .filter(|s| {
+            collector
+                .kernel_stack(s.kernel_stack_id)
+                .is_some_and(|k| !k.is_empty())
+        })
+        .count();
+    let totals = collector.counters().unwrap();
+    eprintln!(
+        "{} samples of the syscall thread, {} in kernel mode, {with_kstack} with a kernel stack; counters {:?}",
+        samples.len(),
+        from_task.len(),
+        totals.iter().collect::<Vec<_>>()
+    );
+    assert!(
+        from_task.len() >= 50,
+        "only {} kernel-mode samples",
+        from_task.len()
+    );
+    assert!(
+        with_kstack * 10 >= from_task.len() * 9,
+        "few kernel stacks: {with_kstack}"
+    );
+    for s in &from_task {
+        assert_eq!(
+            s.flags & (sample_flags::NO_USER_REGS | sample_flags::KERNEL_THREAD),
+            0
+        );
+        assert_ne!(s.regs.ip, 0);
+        let copy = s
+            .stack
+            .as_ref()
+            .expect("kernel-mode sample without a user stack copy");
+        assert!((copy.base..copy.base + copy.bytes.len() as u64).contains(&s.regs.sp));
+    }
+    for s in samples
+        .iter()
+        .filter(|s| s.flags & sample_flags::USER_MODE != 0)
+    {
+        assert_eq!(
+            s.kernel_stack_id, -14,
+            "user-mode samples have no kernel stack"
+        );
+    }
+    assert_eq!(totals.get(Counter::KernelStackErrors), 0);
+    assert_eq!(totals.lost_samples(), 0);
+}
+
+/// `PF_KTHREAD` from `<linux/sched.h>`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread, from the flags field of `/proc/<pid>/stat`.
+fn is_kernel_thread(pid: u32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let flags: u64 = after_comm.split_whitespace().nth(6)?.parse().ok()?;
+    Some(flags & PF_KTHREAD != 0)
+}
+
+#[test]
+fn host_wide_skips_self_and_flags_kernel_threads() {
+    if !have_root("host_wide_skips_self_and_flags_kernel_threads") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let own = std::process::id();
+    let cfg = CollectConfig {
+        pids: Vec::new(),
+        filter_pids: false,
+        self_pid: own,
+        ..own_cfg(8 << 10)
+    };
+    let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn sh");
+    // Some kernel-thread work: dirty a file and sync it.
+    let scratch = std::env::temp_dir().join(format!("pyebpf-collect-{own}"));
+    std::fs::write(&scratch, vec![7u8; 4 << 20]).unwrap();
+    let _ = Command::new("sync").status();
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(800) {
+        collector
+            .poll(Duration::from_millis(50), |ev| {
+                if let Event::Sample(s) = ev {
+                    samples.push(s);
+                }
+            })
+            .unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&scratch);
+    let totals = collector.counters().unwrap();
+
+    let mut kthreads_seen = 0;
+    for s in &samples {
+        assert_ne!(s.pid, own, "the profiler's own samples must be dropped");
+        if s.flags & sample_flags::KERNEL_THREAD != 0 {
+            kthreads_seen += 1;
+            assert_ne!(s.flags & sample_flags::NO_USER_REGS, 0);
+            assert!(s.stack.is_none());
+        }
+        if is_kernel_thread(s.pid) == Some(true) {
+            assert_ne!(
+                s.flags & sample_flags::KERNEL_THREAD,
+                0,
+                "kernel thread {} not flagged",
+                s.pid
+            );
+        }
+    }
+    let child_samples = samples.iter().filter(|s| s.pid == child.id()).count();
+    eprintln!(
+        "{} host-wide samples, {child_samples} of the busy child, {kthreads_seen} of kernel threads; counters {:?}",
+        samples.len(),
+        totals.iter().collect::<Vec<_>>()
+    );
+    assert!(
+        child_samples >= 50,
+        "only {child_samples} samples of an unrelated busy process"
+    );
+    assert_eq!(totals.get(Counter::Filtered), 0);
+    assert_eq!(totals.lost_samples(), 0);
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+#[test]
+fn poll_returns_early_when_interrupted() {
+    if !have_root("poll_returns_early_when_interrupted") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // A pid above any pid_max: nothing is sampled and no process event passes the filter.
+    let cfg = CollectConfig {
+        pids: vec![0x7fff_fff0],
+        ..own_cfg(0)
+    };
+    let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: installs a handler that does nothing, without SA_RESTART (like a Ctrl-C handler).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&raw mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &raw const action, std::ptr::null_mut()),
+            0
+        );
+    }
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() };
+    let interrupter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: `me` is blocked in poll below and outlives this thread (joined after).
+        unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+    });
+    let started = Instant::now();
+    let delivered = collector
+        .poll(Duration::from_secs(10), |_| {})
+        .expect("EINTR is not an error");
+    let waited = started.elapsed();
+    interrupter.join().unwrap();
+    assert_eq!(delivered, 0);
+    assert!(
+        waited < Duration::from_secs(3),
+        "poll ignored the signal for {waited:?}"
+    );
+}
