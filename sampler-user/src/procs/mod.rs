@@ -7,8 +7,9 @@
 //! Output: `&Process` for cheap per-sample lookups (`mapping_for` is a binary search).
 //! Constraints: `/proc` contents are untrusted and racy — a process can exit between two reads.
 //! Nothing here panics on them; reads are bounded; failures are counted by kind
-//! ([`ProcsErrorKind`]) and the run goes on. Exited processes are kept until [`ProcessRegistry::reap`]
-//! so that samples still in flight resolve. Mapping refreshes are rate-limited per pid.
+//! ([`ProcsErrorKind`]) and the run goes on. Exited processes are kept until
+//! [`ProcessRegistry::reap`] (or [`AUTO_REAP_AFTER`]) so that samples still in flight resolve.
+//! Mapping refreshes are rate-limited per pid. A reused pid is re-read on its exec event.
 
 mod container;
 pub mod elf;
@@ -32,6 +33,11 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a pid that could not be loaded is not retried (samples of a just-exited process
 /// keep arriving for a few milliseconds; re-reading `/proc` for each would be wasted work).
 const MISSING_RETRY: Duration = Duration::from_secs(1);
+/// Exited processes are dropped this long after their exit even if [`ProcessRegistry::reap`]
+/// is never called (checked every [`AUTO_REAP_EVERY`] exits).
+pub const AUTO_REAP_AFTER: Duration = Duration::from_secs(10);
+/// Exit count between two automatic reaps.
+const AUTO_REAP_EVERY: u32 = 256;
 /// Largest maps file read (65,536 lines of up to ~256 bytes).
 const MAX_MAPS_BYTES: u64 = 16 << 20;
 /// Largest cmdline read.
@@ -169,6 +175,7 @@ pub struct Process {
     /// The process exited (the info is kept for samples still in flight).
     pub exited: bool,
     proc_dir: PathBuf,
+    nested_pid_ns: bool,
     ns_tids: Mutex<HashMap<u32, u32>>,
 }
 
@@ -182,7 +189,7 @@ impl Process {
     /// `/proc/PID/task/TID/status`). Without a PID namespace this is `host_tid`, with no I/O;
     /// otherwise the answer is read once and cached.
     pub fn thread_ns_tid(&self, host_tid: u32) -> Option<u32> {
-        if self.ns_pid.is_none_or(|ns| ns == self.pid) {
+        if !self.nested_pid_ns {
             return Some(host_tid);
         }
         if let Some(t) = self
@@ -199,7 +206,7 @@ impl Process {
             .join(host_tid.to_string())
             .join("status");
         let text = read_bounded(&path, MAX_SMALL_FILE).ok()?;
-        let ns = innermost_nspid(&String::from_utf8_lossy(&text))?;
+        let (ns, _) = innermost_nspid(&String::from_utf8_lossy(&text))?;
         if let Ok(mut m) = self.ns_tids.lock() {
             if m.len() >= MAX_NS_TIDS {
                 m.clear();
@@ -221,10 +228,14 @@ impl Process {
     }
 }
 
-/// Innermost (last) pid of an `NSpid:` line of a status file.
-fn innermost_nspid(status: &str) -> Option<u32> {
+/// Innermost (last) pid of the `NSpid:` line of a status file, and whether there is more than
+/// one (the process is in a nested PID namespace).
+fn innermost_nspid(status: &str) -> Option<(u32, bool)> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+    let mut ids = line.split_whitespace();
+    let first = ids.next()?;
+    let last = ids.next_back();
+    Some((last.unwrap_or(first).parse().ok()?, last.is_some()))
 }
 
 fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
@@ -245,6 +256,7 @@ pub struct ProcessRegistry {
     entries: HashMap<u32, Entry>,
     missing: HashMap<u32, Instant>,
     errors: ProcsErrors,
+    exits_since_reap: u32,
 }
 
 impl Default for ProcessRegistry {
@@ -266,6 +278,7 @@ impl ProcessRegistry {
             entries: HashMap::new(),
             missing: HashMap::new(),
             errors: ProcsErrors::default(),
+            exits_since_reap: 0,
         }
     }
 
@@ -377,10 +390,18 @@ impl ProcessRegistry {
     }
 
     /// Mark `pid` exited; its info stays until [`Self::reap`].
+    ///
+    /// Every [`AUTO_REAP_EVERY`] exits, processes gone longer than [`AUTO_REAP_AFTER`] are
+    /// dropped, so a long host-wide run stays bounded without explicit [`Self::reap`] calls.
     pub fn on_exit(&mut self, pid: u32) {
         if let Some(e) = self.entries.get_mut(&pid) {
             e.process.exited = true;
             e.exited_at.get_or_insert_with(Instant::now);
+        }
+        self.exits_since_reap += 1;
+        if self.exits_since_reap >= AUTO_REAP_EVERY {
+            self.exits_since_reap = 0;
+            self.reap(AUTO_REAP_AFTER);
         }
     }
 
@@ -492,7 +513,7 @@ impl ProcessRegistry {
                 Vec::new()
             }
         };
-        let ns_pid = match read_bounded(&dir.join("status"), MAX_SMALL_FILE) {
+        let nspid = match read_bounded(&dir.join("status"), MAX_SMALL_FILE) {
             Ok(b) => innermost_nspid(&String::from_utf8_lossy(&b)),
             Err(e) => {
                 errors.count(ProcsErrorKind::Status, || format!("pid {pid}: {e}"));
@@ -516,7 +537,8 @@ impl ProcessRegistry {
             exe,
             cmdline,
             start_time_ticks: stat.starttime,
-            ns_pid,
+            ns_pid: nspid.map(|n| n.0),
+            nested_pid_ns: nspid.is_some_and(|n| n.1),
             cgroup,
             container_id,
             root: dir.join("root"),

@@ -151,3 +151,12 @@ fn injectable_proc_root_with_fake_process() {
     assert_eq!(reg.scan_all(), 1);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn nspid_lines() {
+    assert_eq!(innermost_nspid("Name:\tx\nNSpid:\t42\n"), Some((42, false)));
+    assert_eq!(innermost_nspid("NSpid:\t42\t7\t1\n"), Some((1, true)));
+    assert_eq!(innermost_nspid("NSpid:\n"), None);
+    assert_eq!(innermost_nspid("NSpid:\tx\n"), None);
+    assert_eq!(innermost_nspid("Name:\tx\n"), None);
+}

@@ -14,6 +14,8 @@
 
 pub mod modules;
 #[cfg(test)]
+mod ns_tests;
+#[cfg(test)]
 pub(crate) mod test_target;
 #[cfg(test)]
 mod tests;
@@ -29,6 +31,10 @@ use modules::{MappingKey, ModuleBuilder, SectionBytes};
 
 /// Default frame cap.
 pub const DEFAULT_MAX_FRAMES: usize = 256;
+/// Most processes with a module list; the least recently used half is dropped beyond this
+/// (a host-wide run sees many short-lived processes, and `forget_process` may not be called
+/// for every one of them).
+const MAX_PROCS: usize = 4096;
 
 /// Read access to a copied user stack (implemented by `collect::StackCopy`).
 pub trait StackBytes {
@@ -162,6 +168,8 @@ struct ProcState {
     modules: HashMap<MappingKey, Module<SectionBytes>>,
     /// Sorted, executable mapping ranges (file-backed or not).
     exec_ranges: Vec<(u64, u64)>,
+    /// Value of the unwind counter when last used, for eviction.
+    last_used: u64,
 }
 
 impl ProcState {
@@ -280,6 +288,9 @@ impl NativeUnwinder {
         {
             return;
         }
+        if self.procs.len() >= MAX_PROCS {
+            self.evict_half();
+        }
         self.stats.module_rebuilds += 1;
         let previous = self
             .procs
@@ -307,8 +318,17 @@ impl NativeUnwinder {
                 unwinder,
                 modules,
                 exec_ranges,
+                last_used: self.stats.unwinds,
             },
         );
+    }
+
+    /// Drop the least recently used half of the per-process states.
+    fn evict_half(&mut self) {
+        let mut used: Vec<u64> = self.procs.values().map(|s| s.last_used).collect();
+        used.sort_unstable();
+        let cut = used[used.len() / 2];
+        self.procs.retain(|_, s| s.last_used > cut);
     }
 
     fn walk(
@@ -322,9 +342,11 @@ impl NativeUnwinder {
             stack: NativeStack::default(),
             unknown: None,
         };
-        let Some(state) = self.procs.get(&pid) else {
+        let Some(state) = self.procs.get_mut(&pid) else {
             return out;
         };
+        state.last_used = self.stats.unwinds;
+        let state = &*state;
         let base = stack.base();
         let bytes = stack.bytes();
         let len = bytes.len() as u64;

@@ -56,6 +56,35 @@ fn lookup_address_of_return_addresses_is_one_before() {
 }
 
 #[test]
+fn per_process_state_is_bounded() {
+    let mut reg = ProcessRegistry::new();
+    let mut u = NativeUnwinder::new();
+    let pid = std::process::id();
+    let proc = reg.get_or_load(pid).unwrap();
+    u.ensure_state(proc);
+    for fake in 0..MAX_PROCS as u32 {
+        u.procs.insert(
+            1_000_000 + fake,
+            ProcState {
+                start_time_ticks: 0,
+                mappings_generation: 0,
+                unwinder: UnwinderX86_64::new(),
+                modules: HashMap::new(),
+                exec_ranges: Vec::new(),
+                last_used: 0,
+            },
+        );
+    }
+    // Our own state was used last.
+    u.stats.unwinds = 1;
+    u.procs.get_mut(&pid).unwrap().last_used = 1;
+    u.forget_process(pid);
+    u.ensure_state(reg.get(pid).unwrap());
+    assert!(u.procs.len() <= MAX_PROCS / 2 + 1, "{}", u.procs.len());
+    assert!(u.procs.contains_key(&pid));
+}
+
+#[test]
 fn gone_process_and_missing_ip() {
     let mut reg = ProcessRegistry::new();
     let mut u = NativeUnwinder::new();
