@@ -36,6 +36,8 @@ const CLASS_0: u32 = STACK_SIZE_CLASSES[0];
 const CLASS_1: u32 = STACK_SIZE_CLASSES[1];
 const CLASS_2: u32 = STACK_SIZE_CLASSES[2];
 const CLASS_3: u32 = STACK_SIZE_CLASSES[3];
+// `try_sample` has one match arm per class: a new class must get its arm.
+const _: () = assert!(STACK_SIZE_CLASSES.len() == 4);
 
 /// A sample record with `N` bytes of user stack after the header, reserved in one piece.
 #[repr(C)]
