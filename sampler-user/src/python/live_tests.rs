@@ -287,6 +287,28 @@ fn check_stacks(name: &'static str) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(last.is_empty(), "{name}: {}", last.join("\n"));
+    // `resolve_frame` (the path of frames captured in the kernel) agrees with the walk.
+    let (layout, mem) = (p.layout().clone(), ProcessMemory::new(run.pid()));
+    for t in p.threads().unwrap() {
+        let mut frame = mem
+            .read_u64(t.tstate_addr + layout.tstate.current_frame)
+            .unwrap();
+        if let Some(off) = layout.tstate.cframe_current_frame {
+            frame = mem.read_u64(frame + off).unwrap();
+        }
+        let instr = mem.read_u64(frame + layout.frame.instr_ptr).unwrap();
+        let tlbc = layout
+            .frame
+            .tlbc_index
+            .map_or(0, |o| mem.read_i32(frame + o).unwrap());
+        let top = &t.frames[0];
+        let r = p.resolve_frame(top.code_addr, instr, tlbc).unwrap();
+        assert_eq!(
+            (&r.function, &r.file, r.line, r.first_line),
+            (&top.function, &top.file, top.line, top.first_line),
+            "{name}"
+        );
+    }
     // The file name is kind 4 (emoji): it must come back intact.
     let worker = run
         .truth

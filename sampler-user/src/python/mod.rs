@@ -289,17 +289,29 @@ impl PythonProcess {
             layout: &self.layout,
             target: &self.target,
         };
-        let head = self
+        let to_py = |e| PyError::from_mem(self.pid, e);
+        let l = &self.layout;
+        let mut interp = self
             .mem
             .read_u64(
                 self.detected
                     .runtime_addr
-                    .wrapping_add(self.layout.runtime.interpreters_head),
+                    .wrapping_add(l.runtime.interpreters_head),
             )
-            .map_err(|e| PyError::from_mem(self.pid, e))?;
-        // The main interpreter is the last one of the list; all share the build's GIL mode.
+            .map_err(to_py)?;
+        // The main interpreter is the last of the list (bounded walk).
+        for _ in 0..self.limits.max_interpreters {
+            match self
+                .mem
+                .read_u64(interp.wrapping_add(l.interp.next))
+                .map_err(to_py)?
+            {
+                0 => break,
+                next => interp = next,
+            }
+        }
         Ok(!matches!(
-            read_interp_gil(ctx, head),
+            read_interp_gil(ctx, interp),
             Ok(InterpGil::Disabled)
         ))
     }

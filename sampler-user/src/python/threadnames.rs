@@ -207,11 +207,17 @@ pub fn thread_names(
     if modules == 0 {
         return Err(NameError::Missing("sys.modules"));
     }
-    let threading = find_str_key(
+    // A program (or sub-interpreter) that never imported `threading` has no names to give:
+    // that is not a failure.
+    let threading = match find_str_key(
         ctx,
         &dict_items(ctx, modules, MAX_DICT_ENTRIES)?,
         "threading",
-    )?;
+    ) {
+        Ok(m) => m,
+        Err(NameError::Missing(_)) => return Ok(HashMap::new()),
+        Err(e) => return Err(e),
+    };
     let md_dict = mem.read_u64(threading.wrapping_add(l.dict.module_dict))?;
     let active = find_str_key(ctx, &dict_items(ctx, md_dict, MAX_DICT_ENTRIES)?, "_active")?;
     let mut names = HashMap::new();
@@ -261,7 +267,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_threading_is_an_error() {
+    fn missing_sys_modules_is_an_error() {
         let b = ImageBuilder::new(Flavor::V313);
         let (mem, layout, target) = (b.memory(), b.layout().clone(), b.target());
         let ctx = Ctx {
