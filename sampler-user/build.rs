@@ -18,7 +18,9 @@ fn main() -> anyhow::Result<()> {
         // refuses to load it with a clear message.
         let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("pyebpf-sampler");
         std::fs::write(out, [])?;
-        println!("cargo:warning=PYEBPF_SKIP_EBPF=1: built without eBPF programs; `record` will refuse to run");
+        println!(
+            "cargo:warning=PYEBPF_SKIP_EBPF=1: built without eBPF programs; `record` will refuse to run"
+        );
         return Ok(());
     }
     if which_bpf_linker().is_none() {
@@ -32,12 +34,18 @@ fn main() -> anyhow::Result<()> {
         .join("sampler-ebpf");
     let root = root.to_str().context("non-UTF-8 path")?;
     aya_build::build_ebpf(
-        [aya_build::Package { name: "sampler-ebpf", root_dir: root, ..Default::default() }],
+        [aya_build::Package {
+            name: "sampler-ebpf",
+            root_dir: root,
+            ..Default::default()
+        }],
         toolchain,
     )
 }
 
 fn which_bpf_linker() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|p| p.join("bpf-linker")).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|p| p.join("bpf-linker"))
+        .find(|p| p.is_file())
 }
