@@ -571,6 +571,89 @@ fn builder_matches_live_313_and_315() {
     builder_matches_live("3.15", Flavor::V315);
 }
 
+/// Dumps, for many real code objects (stdlib modules compiled from source, plus generated code
+/// whose lines jump backwards and far), the line table, `co_firstlineno` and the line of every
+/// code unit according to the interpreter's own `co_positions()`.
+const LINES_SCRIPT: &str = r#"
+import ast, importlib, json, sys
+out = []
+def walk(c):
+    out.append([c.co_linetable.hex(), c.co_firstlineno, [-1 if p[0] is None else p[0] for p in c.co_positions()]])
+    for k in c.co_consts:
+        if hasattr(k, "co_linetable"):
+            walk(k)
+for m in ["argparse", "typing", "inspect", "subprocess", "logging", "threading", "json.decoder", "dataclasses", "enum", "asyncio.base_events"]:
+    mod = importlib.import_module(m)
+    with open(mod.__file__, encoding="utf-8") as fh:
+        walk(compile(fh.read(), mod.__file__, "exec"))
+src = "def f(n):\n" + "".join(f"    v{i} = n + {i}\n" for i in range(40)) + "    return n\n"
+tree = ast.parse(src)
+for i, stmt in enumerate(tree.body[0].body):
+    line = [100000, 3, 70000, 2, 5000][i % 5] - i
+    for node in ast.walk(stmt):
+        if hasattr(node, "lineno"):
+            node.lineno = node.end_lineno = line
+walk(compile(tree, "<generated>", "exec"))
+json.dump(out, sys.stdout)
+"#;
+
+fn check_line_tables(name: &'static str) {
+    let Some(i) = interp(name) else { return };
+    let mut cmd = match &i.root {
+        Some(r) => {
+            let mut c = Command::new("chroot");
+            c.arg(r).arg(&i.python);
+            c
+        }
+        None => Command::new(&i.python),
+    };
+    let out = cmd.args(["-c", LINES_SCRIPT]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let codes: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let (mut units, mut backwards) = (0usize, 0usize);
+    for c in &codes {
+        let hex = c[0].as_str().unwrap();
+        let table: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|k| u8::from_str_radix(&hex[k..k + 2], 16).unwrap())
+            .collect();
+        let first = i32::try_from(c[1].as_i64().unwrap()).unwrap();
+        let lines = c[2].as_array().unwrap();
+        let mut prev = i64::MIN;
+        for (unit, want) in lines.iter().enumerate() {
+            let want = want.as_i64().unwrap();
+            let got = super::linetable::line_at(&table, first, 2 * unit as i64).unwrap();
+            assert_eq!(
+                i64::from(got),
+                want,
+                "{name}: unit {unit} of a code object with firstlineno {first}"
+            );
+            backwards += usize::from(want >= 0 && want < prev);
+            prev = prev.max(want);
+            units += 1;
+        }
+    }
+    assert!(
+        units > 50_000 && backwards > 100,
+        "{name}: only {units} units / {backwards} backward steps"
+    );
+    eprintln!(
+        "{name}: {} code objects, {units} code units, {backwards} backward steps: all lines equal",
+        codes.len()
+    );
+}
+
+#[test]
+fn line_tables_match_co_positions() {
+    for name in ["3.12", "3.13", "3.13t", "3.14", "3.15"] {
+        check_line_tables(name);
+    }
+}
+
 #[test]
 fn detection_rejects_non_python_and_gone_processes() {
     let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
