@@ -54,7 +54,8 @@ fn try_exec() -> Result<(), Counter> {
     emit(event_kind::EXEC, tgid, 0)
 }
 
-/// A thread exited: report it when it is a thread-group leader (only targets when filtering).
+/// A thread exited: report it when it is a thread-group leader (only targets when filtering,
+/// which then stop being targets).
 #[inline(always)]
 fn try_exit() -> Result<(), Counter> {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -62,8 +63,14 @@ fn try_exit() -> Result<(), Counter> {
     if pid_tgid as u32 != tgid {
         return Ok(());
     }
-    if config().filter_pids == 1 && !is_target(tgid) {
-        return Ok(());
+    if config().filter_pids == 1 {
+        if !is_target(tgid) {
+            return Ok(());
+        }
+        // The process is gone: free its slot (the table is bounded, and a later process could
+        // reuse the pid). A leader that exits before its other threads (rare) stops their
+        // sampling too.
+        let _ = TARGET_PIDS.remove(tgid);
     }
     emit(event_kind::EXIT, tgid, 0)
 }

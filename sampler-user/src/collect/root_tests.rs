@@ -201,7 +201,7 @@ fn follows_forked_children() {
     };
     let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
 
-    // A new thread of ours fires sched_process_fork too; it must not come out as a FORK.
+    // A new thread of ours fires task_newtask too; it must not come out as a FORK.
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::spawn(move || spin(Duration::from_millis(50), &tx));
     let thread_tid = rx.recv().unwrap();
@@ -226,12 +226,34 @@ fn follows_forked_children() {
             })
             .unwrap();
     }
+    assert!(
+        collector.targets.contains(child_pid),
+        "the child is not a target"
+    );
+    assert!(
+        !collector.targets.contains(thread_tid),
+        "a new thread became a target"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
+    let mut exited = false;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !exited && Instant::now() < deadline {
+        collector
+            .poll(Duration::from_millis(50), |ev| {
+                exited |= matches!(ev, Event::Exit(c) if c.pid == child_pid);
+            })
+            .unwrap();
+    }
     let totals = collector.counters().unwrap();
     eprintln!(
         "forks {forks:?}, {child_samples} child samples, {execs} execs, counters {:?}",
         totals.iter().collect::<Vec<_>>()
+    );
+    assert!(exited, "no EXIT event for the killed child");
+    assert!(
+        !collector.targets.contains(child_pid),
+        "an exited child stayed a target"
     );
 
     let fork = forks

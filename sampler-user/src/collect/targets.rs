@@ -1,7 +1,8 @@
 //! The one user-space owner of the `TARGET_PIDS` map.
 //!
 //! Input: pids to sample (from the CLI, or a command spawned by `record`). Output: map updates.
-//! Children of targets are added by the kernel side itself (`pyebpf_fork`).
+//! Children of targets are added, and exited targets removed, by the kernel side itself
+//! (`pyebpf_fork`, `pyebpf_exit`).
 //!
 //! Constraints: pids are host-namespace thread-group ids; the map holds at most
 //! `TARGET_PIDS_ENTRIES`, and a full map is reported as such.
@@ -38,6 +39,12 @@ impl TargetPids {
                 }
             }
         })
+    }
+
+    /// Whether `pid` is a target (tests; the kernel side keeps the table current).
+    #[cfg(test)]
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.map.get(&pid, 0).is_ok()
     }
 }
 
