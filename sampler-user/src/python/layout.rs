@@ -1,9 +1,9 @@
 //! The runtime layout descriptor: every CPython version difference, as data (style rule 5).
 //!
-//! Owns: [`RuntimeLayout`] (one descriptor per attached interpreter), the `_Py_DebugOffsets`
-//! field lists of 3.13, 3.14 and 3.15, the built-in 3.12 table, the few facts the debug offsets do
-//! not carry (keyed by minor version and free-threading), and the only `match` on the CPython
-//! version in the codebase ([`version_facts`]).
+//! Owns: [`RuntimeLayout`] (one descriptor per attached interpreter): built from the target's
+//! `_Py_DebugOffsets` read with the field list of its minor version (`tables`), or from the
+//! built-in 3.12 table, combined with the facts the debug offsets do not carry (`facts`, which
+//! holds the only `match` on the CPython version), then validated.
 //! Input: the bytes of the target's `_Py_DebugOffsets` (3.13+; `Include/internal/
 //! pycore_debug_offsets.h`, `pycore_runtime.h` in 3.13) or the `Py_Version` value (3.12).
 //! Output: a validated [`RuntimeLayout`], or a `PyError` (`Unsupported` for a minor version whose
@@ -613,6 +613,10 @@ impl RuntimeLayout {
         }
         fits("code.firstlineno", c.firstlineno, 4, c.size)?;
         fits("code.co_code_adaptive", c.code_adaptive, 2, c.size)?;
+        let u = &self.unicode;
+        fits("unicode.length", u.length, 8, u.ascii_size)?;
+        fits("unicode.state", u.state, 4, u.ascii_size)?;
+        fits("unicode.asciiobject_size", u.ascii_size, 0, 128)?;
         fits(
             "object.ob_type",
             self.object.ob_type,

@@ -35,6 +35,9 @@ pub trait ReadMemory {
     /// Fills `buf` from `addr`, entirely or not at all.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError>;
 
+    /// Forgets cached data, so a retry after a torn read sees the target as it is now.
+    fn refresh(&self) {}
+
     fn read_u64(&self, addr: u64) -> Result<u64, MemError> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
@@ -172,6 +175,10 @@ impl ProcessMemory {
 }
 
 impl ReadMemory for ProcessMemory {
+    fn refresh(&self) {
+        self.new_snapshot();
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
         if buf.len() > MAX_READ {
             return Err(MemError::TooLarge {

@@ -398,11 +398,19 @@ pub fn assemble<S: std::hash::BuildHasher>(
         if gil.is_none() {
             counts.add(ErrorKind::GilUnreadable);
         }
-        let names = threadnames::thread_names(ctx, interp.addr, limits.max_threads as u64)
-            .unwrap_or_else(|_| {
-                counts.add(ErrorKind::ThreadNames);
-                HashMap::new()
-            });
+        // `threading._active` changes while threads start and exit: retry a torn read afresh.
+        let mut names = threadnames::thread_names(ctx, interp.addr, limits.max_threads as u64);
+        for _ in 0..2 {
+            if names.is_ok() {
+                break;
+            }
+            ctx.mem.refresh();
+            names = threadnames::thread_names(ctx, interp.addr, limits.max_threads as u64);
+        }
+        let names = names.unwrap_or_else(|_| {
+            counts.add(ErrorKind::ThreadNames);
+            HashMap::new()
+        });
         for t in interp.threads.iter().rev() {
             let host_tid = u32::try_from(t.native_thread_id)
                 .ok()

@@ -221,12 +221,27 @@ pub fn thread_names(
     let md_dict = mem.read_u64(threading.wrapping_add(l.dict.module_dict))?;
     let active = find_str_key(ctx, &dict_items(ctx, md_dict, MAX_DICT_ENTRIES)?, "_active")?;
     let mut names = HashMap::new();
+    let mut first_err = None;
+    // Threads start and exit while we read: one bad entry costs that name, not all of them.
     for (k, thread) in dict_items(ctx, active, max_threads)? {
-        let ident = read_u64_int(ctx, k)?;
-        let name = instance_attr(ctx, thread, "_name")?;
-        names.insert(ident, read_str(mem, l, name, MAX_NAME_CHARS)?);
+        let entry = (|| {
+            let ident = read_u64_int(ctx, k)?;
+            let name = instance_attr(ctx, thread, "_name")?;
+            Ok::<_, NameError>((ident, read_str(mem, l, name, MAX_NAME_CHARS)?))
+        })();
+        match entry {
+            Ok((ident, name)) => {
+                names.insert(ident, name);
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
     }
-    Ok(names)
+    match first_err {
+        Some(e) if names.is_empty() => Err(e),
+        _ => Ok(names),
+    }
 }
 
 #[cfg(test)]
