@@ -88,11 +88,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if setup::needs_root(&opts) {
                 sh::reexec_as_root("`cargo xtask setup --interpreters`")?;
             }
-            setup::run(&opts).map(drop)
+            let ready = setup::run(&opts)?;
+            if setup::in_ci() && !ready.missing_interpreters.is_empty() {
+                anyhow::bail!("CI=true: test interpreters missing (above)");
+            }
+            Ok(())
         }
         Cmd::Install { prefix } => {
             let ready = setup::Ready {
                 ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
+                missing_interpreters: Vec::new(),
             };
             install::install(&ready, &prefix).map(drop)
         }

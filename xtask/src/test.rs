@@ -96,6 +96,9 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
     if e2e.is_err() {
         failed.push("e2e tests");
     }
+    if setup::in_ci() && !ready.missing_interpreters.is_empty() {
+        failed.push("setup (CI=true: test interpreters missing, see the setup output)");
+    }
     if !failed.is_empty() {
         bail!("FAILED: {}", failed.join(", "));
     }
