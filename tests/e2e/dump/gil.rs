@@ -85,14 +85,18 @@ fn gil_holder_3_14() {
 }
 
 #[test]
+fn gil_holder_3_15() {
+    gil_holder("3.15", &[]);
+}
+
+#[test]
 fn gil_holder_3_13t_gil_enabled() {
     gil_holder("3.13t", &[("PYTHON_GIL", "1")]);
 }
 
 /// 3.13t with the GIL disabled: "no_gil" for every thread, `gil_enabled: false`.
-#[test]
-fn gil_disabled_3_13t() {
-    let Some(interp) = setup("3.13t") else { return };
+fn gil_disabled(name: &str) {
+    let Some(interp) = setup(name) else { return };
     let w = Workload::start(
         &interp,
         "gil.py",
@@ -103,7 +107,7 @@ fn gil_disabled_3_13t() {
     );
     assert_eq!(
         w.ready["gil_enabled"], false,
-        "3.13t with PYTHON_GIL=0 runs with a GIL"
+        "{name} with PYTHON_GIL=0 runs with a GIL"
     );
     for _ in 0..3 {
         let dump = dump_json(w.pid);
@@ -120,9 +124,19 @@ fn gil_disabled_3_13t() {
         for t in dump["threads"].as_array().unwrap() {
             assert_eq!(
                 t["gil"], "no_gil",
-                "thread {} of 3.13t without GIL",
+                "thread {} of {name} without GIL",
                 t["name"]
             );
         }
     }
+}
+
+#[test]
+fn gil_disabled_3_13t() {
+    gil_disabled("3.13t");
+}
+
+#[test]
+fn gil_disabled_3_13t_static() {
+    gil_disabled("3.13t-static");
 }
