@@ -142,7 +142,10 @@ fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersio
         return Ok(v);
     }
     let Some(hex) = py_version else {
-        return Err(invalid("no debug offsets and no Py_Version".into()));
+        // `_PyRuntime` without `Py_Version` (added in 3.11): CPython 3.7-3.10.
+        return Err(PyError::Unsupported {
+            version: "older than 3.11".into(),
+        });
     };
     let v = PyVersion::from_hex(hex, false);
     // Unknown minors are refused here; a version that carries debug offsets but has no cookie
