@@ -9,13 +9,15 @@
 //! call) or counted in [`ErrorCounts`] (cost a frame, a line or a name).
 //! Constraints: target memory is untrusted and changes while we read it; everything is bounded
 //! (see [`Limits`]) and nothing panics. Memory is read only through [`ReadMemory`]; the walker
-//! knows no versions (the one version `match` is in `layout`). Facts and sources:
+//! knows no versions (the one version `match` is in `facts`). Facts and sources:
 //! `/work/shared/docs/cpython-layouts.md`.
 //!
-//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout` and
-//! `tables` (the descriptor) · `walker` (interpreters → threads → frames) · `code` (code cache,
-//! line resolution) · `linetable` · `unicode` · `gil` · `threadnames` · `dump` (the `dump`
-//! command) · `testimage` (synthetic images, tests only).
+//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout`,
+//! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
+//! `walker` (interpreters → threads → frames) · `code` (code cache, line resolution) ·
+//! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `dump` (the `dump` command).
+//! Tests only: `testimage` + `testvalues` (synthetic images), `walker_tests`, `fuzz_tests`,
+//! `live_tests` (real interpreters; `SKIPPED:` when one is missing, a failure under `CI=true`).
 
 pub mod code;
 pub mod detect;
