@@ -673,9 +673,19 @@ fn detection_by_content_of_a_renamed_static_copy() {
     let Some(i) = interp("3.13t-static") else {
         return;
     };
-    let dir = PathBuf::from(format!("/tmp/pyebpf-renamed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let renamed = dir.join("xyz-interp");
+    /// Removes the copy even when an assertion fails.
+    struct Cleanup(PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Cleanup(PathBuf::from(format!(
+        "/tmp/pyebpf-renamed-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let renamed = dir.0.join("xyz-interp");
     std::fs::copy(&i.python, &renamed).unwrap();
     let copy = Interp {
         name: "3.13t-static",
@@ -695,6 +705,4 @@ fn detection_by_content_of_a_renamed_static_copy() {
     assert!(Path::new(&p.detected().path).ends_with("xyz-interp"));
     let threads = p.threads().unwrap();
     assert!(diff(&threads, &run.truth).is_empty());
-    drop(run);
-    let _ = std::fs::remove_dir_all(dir);
 }
