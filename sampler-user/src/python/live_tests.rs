@@ -665,6 +665,14 @@ fn detection_rejects_non_python_and_gone_processes() {
     assert!(matches!(e, PyError::ProcessGone { .. }), "{e}");
 }
 
+/// Removes the copy even when an assertion fails.
+struct Cleanup(PathBuf);
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn detection_by_content_of_a_renamed_static_copy() {
     let _guard = LIVE
@@ -673,13 +681,6 @@ fn detection_by_content_of_a_renamed_static_copy() {
     let Some(i) = interp("3.13t-static") else {
         return;
     };
-    /// Removes the copy even when an assertion fails.
-    struct Cleanup(PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
     let dir = Cleanup(PathBuf::from(format!(
         "/tmp/pyebpf-renamed-{}",
         std::process::id()
