@@ -8,6 +8,7 @@
 //! The per-sample work (stack building) lives in [`stack`]; everything expensive there is
 //! cached per file or per unique frame.
 
+mod drain;
 mod signals;
 mod spawn;
 mod stack;
@@ -18,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::collect::{CollectConfig, Collector, Event};
+use drain::Drained;
 use crate::config::{RecordConfig, Target};
 use crate::output::write_atomically;
 use crate::procs::ProcessRegistry;
@@ -47,6 +49,22 @@ pub enum RecordError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Routes one drained item to the registry and the stack builder.
+fn handle(builder: &mut stack::StackBuilder, profile: &mut Profile, registry: &mut ProcessRegistry, item: Drained) {
+    match item {
+        Drained::Sample(s, kernel) => builder.add(profile, registry, kernel.as_deref(), s),
+        Drained::Proc(Event::Exec(p)) => {
+            registry.on_exec(p.pid);
+            builder.forget_process(p.pid);
+        }
+        Drained::Proc(Event::Exit(p)) => registry.on_exit(p.pid),
+        Drained::Proc(Event::Fork(p)) => {
+            registry.get_or_load(p.pid);
+        }
+        Drained::Proc(Event::Sample(_)) => {}
+    }
 }
 
 /// A file-name-safe local timestamp, `YYYYmmdd-HHMMSS`, for default output names.
@@ -130,50 +148,46 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let mut progress = summary::Progress::new(cfg.progress);
     let started = Instant::now();
     let deadline = cfg.duration.map(|d| started + d);
-    let mut child_exited = false;
-    let mut events = Vec::new();
+    let (drain, rx) = drain::start(collector, cfg.stack_bytes);
 
     loop {
         let stop_now = signals::STOP.load(Ordering::Relaxed)
             || deadline.is_some_and(|d| Instant::now() >= d)
-            || child_exited;
-        let timeout = deadline.map_or(Duration::from_millis(100), |d| {
-            d.saturating_duration_since(Instant::now()).min(Duration::from_millis(100))
-        });
-        // Events are buffered for one poll so that kernel stacks can be looked up through the
-        // collector (which `poll` borrows mutably) right after.
-        collector.poll(if stop_now { Duration::ZERO } else { timeout }, |ev| events.push(ev))?;
-        for ev in events.drain(..) {
-            match ev {
-                Event::Sample(s) => builder.add(&mut profile, &mut registry, &collector, s),
-                Event::Exec(p) => {
-                    registry.on_exec(p.pid);
-                    builder.forget_process(p.pid);
-                }
-                Event::Exit(p) => registry.on_exit(p.pid),
-                Event::Fork(p) => {
-                    registry.get_or_load(p.pid);
-                }
-            }
-        }
+            || child.as_mut().is_some_and(spawn::HeldChild::try_wait)
+            || drain.is_finished();
         if stop_now {
             break;
         }
-        if let Some(c) = child.as_mut() {
-            child_exited = c.try_wait();
+        let wait = deadline.map_or(Duration::from_millis(100), |d| {
+            d.saturating_duration_since(Instant::now()).min(Duration::from_millis(100))
+        });
+        match rx.recv_timeout(wait) {
+            Ok(item) => {
+                handle(&mut builder, &mut profile, &mut registry, item);
+                // Everything already queued, without waiting.
+                while let Ok(item) = rx.try_recv() {
+                    handle(&mut builder, &mut profile, &mut registry, item);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
         progress.tick(started.elapsed(), profile.samples().len(), profile.process_count());
     }
-    progress.finish();
     let elapsed = started.elapsed();
-    if let Some(c) = child.as_mut() {
-        c.try_wait();
+    let (counters, dropped) = drain.finish()?;
+    // What the drain thread queued before it stopped.
+    while let Ok(item) = rx.try_recv() {
+        handle(&mut builder, &mut profile, &mut registry, item);
     }
+    progress.finish();
 
-    let counters = collector.counters()?;
     profile.meta.duration_s = elapsed.as_secs_f64();
-    profile.meta.lost_samples = counters.lost_samples();
+    profile.meta.lost_samples = counters.lost_samples() + dropped;
     profile.meta.errors = builder.errors().clone();
+    if dropped > 0 {
+        profile.meta.errors.insert("lost_in_user_space".to_string(), dropped);
+    }
     for (name, value) in counters.error_counts() {
         if value > 0 {
             profile.meta.errors.insert(name.to_string(), value);

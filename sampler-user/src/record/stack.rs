@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sampler_common::sample_flags;
 
-use crate::collect::{Collector, RawSample};
+use crate::collect::RawSample;
 use crate::config::RecordConfig;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample};
@@ -69,10 +69,11 @@ impl StackBuilder {
         self.roots.remove(&pid);
         self.native_frames.retain(|(p, _), _| *p != pid);
         self.unwinder.forget_process(pid);
+        self.symbolizer.forget_process(pid);
     }
 
     /// Adds one sample to the profile.
-    pub fn add(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, collector: &Collector, s: RawSample) {
+    pub fn add(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, kernel: Option<&[u64]>, s: RawSample) {
         let thread_comm = comm_str(&s.comm);
         let comm: Arc<str> = match registry.get_or_load(s.pid) {
             Some(p) => p.comm.as_str().into(),
@@ -93,7 +94,7 @@ impl StackBuilder {
             self.push_native(profile, registry, &s, &mut stack);
         }
         if self.kernel {
-            self.push_kernel(profile, collector, &s, &mut stack);
+            self.push_kernel(profile, kernel, &s, &mut stack);
         }
         let id = profile.intern_stack(&stack);
         self.scratch = stack;
@@ -171,11 +172,11 @@ impl StackBuilder {
         }
     }
 
-    fn push_kernel(&mut self, profile: &mut Profile, collector: &Collector, s: &RawSample, out: &mut Vec<FrameId>) {
+    fn push_kernel(&mut self, profile: &mut Profile, kernel: Option<&[u64]>, s: &RawSample, out: &mut Vec<FrameId>) {
         if s.kernel_stack_id < 0 {
             return; // user-mode sample: no kernel frames (not an error)
         }
-        let Some(addrs) = collector.kernel_stack(s.kernel_stack_id) else {
+        let Some(addrs) = kernel else {
             self.count("kernel_stack_missing");
             return;
         };

@@ -1,0 +1,102 @@
+//! The drain thread: empties the ring buffer continuously, whatever the cost of building
+//! stacks, so that a slow moment in user space (first symbolization of a large library, say)
+//! does not turn into samples lost in the kernel.
+//!
+//! Owns: the [`Collector`] for the duration of the run. Input: ring-buffer records. Output:
+//! [`Drained`] items on a bounded channel. Kernel stacks are looked up here, right when the
+//! sample arrives. When the channel is full the sample is dropped and counted as lost in user
+//! space — never silently.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::collect::{CollectError, Collector, CounterTotals, Event, RawSample};
+
+/// Bytes of queued samples we accept before dropping (and counting) new ones.
+const QUEUE_BYTES: usize = 512 << 20;
+
+/// One item for the stack builder.
+pub enum Drained {
+    /// A sample, with its kernel stack (innermost first) when one was recorded.
+    Sample(RawSample, Option<Vec<u64>>),
+    /// A process event.
+    Proc(Event),
+}
+
+/// Handle of the running drain thread.
+pub struct Drain {
+    stop: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+    handle: JoinHandle<(Collector, Result<(), CollectError>)>,
+}
+
+/// Starts draining `collector` into a bounded channel sized for `stack_bytes` per sample.
+pub fn start(mut collector: Collector, stack_bytes: u32) -> (Drain, Receiver<Drained>) {
+    let per_item = stack_bytes as usize + 256;
+    let capacity = (QUEUE_BYTES / per_item).clamp(1024, 1 << 20);
+    let (tx, rx) = sync_channel(capacity);
+    let stop = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicU64::new(0));
+    let (s, d) = (stop.clone(), dropped.clone());
+    let handle = std::thread::Builder::new()
+        .name("pyebpf-drain".into())
+        .spawn(move || {
+            let r = run(&mut collector, &tx, &s, &d);
+            (collector, r)
+        })
+        .expect("spawn drain thread");
+    (Drain { stop, dropped, handle }, rx)
+}
+
+fn run(c: &mut Collector, tx: &SyncSender<Drained>, stop: &AtomicBool, dropped: &AtomicU64) -> Result<(), CollectError> {
+    let mut batch = Vec::new();
+    loop {
+        // One last poll after the stop request drains what is already in the buffer.
+        let stopping = stop.load(Ordering::Acquire);
+        c.poll(if stopping { Duration::ZERO } else { Duration::from_millis(50) }, |ev| batch.push(ev))?;
+        for ev in batch.drain(..) {
+            let item = match ev {
+                Event::Sample(s) => {
+                    let k = (s.kernel_stack_id >= 0).then(|| c.kernel_stack(s.kernel_stack_id)).flatten();
+                    Drained::Sample(s, k)
+                }
+                other => Drained::Proc(other),
+            };
+            match tx.try_send(item) {
+                Ok(()) => {}
+                Err(TrySendError::Full(Drained::Sample(..))) => {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                // Process events matter more than samples: wait for room.
+                Err(TrySendError::Full(item)) => {
+                    if tx.send(item).is_err() {
+                        return Ok(());
+                    }
+                }
+                Err(TrySendError::Disconnected(_)) => return Ok(()),
+            }
+        }
+        if stopping {
+            return Ok(());
+        }
+    }
+}
+
+impl Drain {
+    /// Stops the thread after a final drain; returns the collector's counters and the user-space
+    /// drop count.
+    pub fn finish(self) -> Result<(CounterTotals, u64), CollectError> {
+        self.stop.store(true, Ordering::Release);
+        let (collector, result) = self.handle.join().expect("drain thread panicked");
+        result?;
+        Ok((collector.counters()?, self.dropped.load(Ordering::Relaxed)))
+    }
+
+    /// Whether the thread has ended (an error, or the channel closed).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+}
