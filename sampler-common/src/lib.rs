@@ -18,6 +18,10 @@ pub mod maps {
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
     /// `PerCpuArray<u64>` indexed by [`super::Counter`].
     pub const COUNTERS: &str = "COUNTERS";
+    /// `HashMap<u32 host pid, PyProcInfo>`: Python processes and the offsets their walk needs.
+    pub const PY_PROCS: &str = "PY_PROCS";
+    /// `LruHashMap<u32 host tid, u64 tstate address>`: thread-state cache, validated on use.
+    pub const PY_TSTATES: &str = "PY_TSTATES";
     /// Name of the `Config` global set at load time.
     pub const CONFIG: &str = "CONFIG";
 }
@@ -86,6 +90,116 @@ pub struct Config {
     pub pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 32);
+
+/// Maximum Python frames captured per sample; deeper stacks are marked truncated.
+pub const PY_MAX_FRAMES: usize = 256;
+/// Maximum Python processes in `PY_PROCS`.
+pub const PY_PROCS_ENTRIES: u32 = 4096;
+/// Entries of the `PY_TSTATES` cache.
+pub const PY_TSTATES_ENTRIES: u32 = 65536;
+/// Maximum thread states walked on a `PY_TSTATES` miss.
+pub const PY_MAX_THREADS_WALKED: u32 = 256;
+/// Offset value meaning "this field does not exist in this build".
+pub const PY_NO_OFFSET: u32 = u32::MAX;
+
+/// What the in-kernel Python walk needs for one process; derived by user space from the
+/// process's `RuntimeLayout` (its `_Py_DebugOffsets`) and written to `PY_PROCS`.
+/// All offsets are in bytes; [`PY_NO_OFFSET`] marks an absent field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcInfo {
+    /// Address of `_PyRuntime` in the target.
+    pub runtime_addr: u64,
+    /// Device of the target's pid namespace (for `bpf_get_ns_current_pid_tgid`); 0 when the
+    /// target shares the initial pid namespace (compare host tids directly).
+    pub pidns_dev: u64,
+    /// Inode of the target's pid namespace; 0 as above.
+    pub pidns_ino: u64,
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interpreters_head: u32,
+    /// `PyInterpreterState.threads.head`.
+    pub threads_head: u32,
+    /// `PyThreadState.next`.
+    pub tstate_next: u32,
+    /// `PyThreadState.native_thread_id`.
+    pub tstate_native_thread_id: u32,
+    /// 3.13+: `PyThreadState.current_frame`; 3.12: `PyThreadState.cframe`.
+    pub tstate_current_frame: u32,
+    /// 3.12: `_PyCFrame.current_frame` (read through the `cframe` pointer); else `PY_NO_OFFSET`.
+    pub cframe_current_frame: u32,
+    /// `_PyInterpreterFrame.previous`.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame.f_executable` (3.12: `f_code`).
+    pub frame_executable: u32,
+    /// `_PyInterpreterFrame.instr_ptr` (3.12: `prev_instr`).
+    pub frame_instr_ptr: u32,
+    /// `_PyInterpreterFrame.owner` (one byte).
+    pub frame_owner: u32,
+    /// `_PyInterpreterFrame.tlbc_index` (i32, 3.14t); else `PY_NO_OFFSET`.
+    pub frame_tlbc_index: u32,
+    /// GIL `locked` (int), relative to the interpreter state; `PY_NO_OFFSET` if unknown.
+    pub gil_locked: u32,
+    /// GIL `last_holder` (pointer), relative to the interpreter state.
+    pub gil_holder: u32,
+    /// Free-threaded GIL `enabled` (int), relative to the interpreter state; else `PY_NO_OFFSET`.
+    pub gil_enabled: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 88);
+
+/// One Python frame as captured in the kernel: raw values, decoded by user space.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFrameRecord {
+    /// Raw `f_executable` bits (a tagged `_PyStackRef` on 3.14+; user space masks).
+    pub executable: u64,
+    /// Raw `instr_ptr` (3.12: `prev_instr`).
+    pub instr_ptr: u64,
+    /// `tlbc_index` (3.14t), else 0.
+    pub tlbc_index: i32,
+    /// `owner` byte.
+    pub owner: u8,
+    /// Explicit padding.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<PyFrameRecord>() == 24);
+
+/// Flags of a [`PyCapture`].
+pub mod py_flags {
+    /// A thread state was found and its frame chain walked.
+    pub const CAPTURED: u32 = 1 << 0;
+    /// More than `PY_MAX_FRAMES` frames: the outermost ones are missing.
+    pub const TRUNCATED: u32 = 1 << 1;
+    /// The sampled thread has no thread state in the process (not a Python thread).
+    pub const NO_TSTATE: u32 = 1 << 2;
+    /// A read of target memory failed during the walk.
+    pub const READ_ERROR: u32 = 1 << 3;
+    /// The thread state came from the `PY_TSTATES` cache.
+    pub const CACHE_HIT: u32 = 1 << 4;
+}
+
+/// The Python part of a sample of a known Python process. Follows the stack bytes in the
+/// record when `SampleEvent::py_cap != 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PyCapture {
+    /// Thread state address (0 if none).
+    pub tstate: u64,
+    /// GIL `last_holder` read at the sample (0 if unknown).
+    pub gil_holder: u64,
+    /// GIL `locked` read at the sample (-1 if unknown).
+    pub gil_locked: i32,
+    /// Free-threaded GIL `enabled` (-1 if not applicable).
+    pub gil_enabled: i32,
+    /// Frames captured (innermost first), at most `PY_MAX_FRAMES`.
+    pub nframes: u32,
+    /// [`py_flags`].
+    pub flags: u32,
+    /// The frames; only the first `nframes` are valid.
+    pub frames: [PyFrameRecord; PY_MAX_FRAMES],
+}
+const _: () = assert!(core::mem::size_of::<PyCapture>() == 32 + 24 * PY_MAX_FRAMES);
 
 /// Kinds of events in the `EVENTS` ring buffer.
 pub mod event_kind {
@@ -165,8 +279,12 @@ pub struct SampleEvent {
     pub stack_cap: u32,
     /// `bpf_get_current_comm()` (thread name, NUL-padded).
     pub comm: [u8; 16],
+    /// Size of the [`PyCapture`] that follows the stack bytes (0: not a known Python process).
+    pub py_cap: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<SampleEvent>() == 88);
+const _: () = assert!(core::mem::size_of::<SampleEvent>() == 96);
 
 /// A process life-cycle event.
 #[repr(C)]
@@ -265,6 +383,9 @@ mod pod {
     unsafe impl aya::Pod for super::UserRegs {}
     unsafe impl aya::Pod for super::SampleEvent {}
     unsafe impl aya::Pod for super::ProcEvent {}
+    unsafe impl aya::Pod for super::PyProcInfo {}
+    unsafe impl aya::Pod for super::PyFrameRecord {}
+    unsafe impl aya::Pod for super::PyCapture {}
 }
 
 /// Decode a `T` from the start of `bytes` (user side). `None` if too short.
@@ -317,11 +438,13 @@ mod tests {
             stack_len: 4096,
             stack_cap: 32768,
             comm: *b"python3\0\0\0\0\0\0\0\0\0",
+            py_cap: 0,
+            _pad: 0,
         };
         let bytes = encode(&ev);
-        assert_eq!(bytes.len(), 88);
+        assert_eq!(bytes.len(), 96);
         assert_eq!(decode::<SampleEvent>(bytes), Some(ev));
-        assert_eq!(decode::<SampleEvent>(&bytes[..87]), None);
+        assert_eq!(decode::<SampleEvent>(&bytes[..95]), None);
     }
 
     #[test]
