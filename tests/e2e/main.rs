@@ -7,4 +7,5 @@
 
 mod common;
 mod dump;
+mod pyrecord;
 mod record;

@@ -1,0 +1,1 @@
+//! Issue 4 end-to-end tests (being written).
