@@ -2,12 +2,17 @@
 //! the object in `OUT_DIR/pyebpf-sampler`, where `collect` embeds it with `include_bytes_aligned!`.
 //!
 //! Needs `bpf-linker` on PATH and a nightly toolchain with `rust-src`; `cargo xtask setup`
-//! installs both. The toolchain can be pinned with `PYEBPF_EBPF_TOOLCHAIN`.
+//! installs both. The toolchain is `PYEBPF_EBPF_TOOLCHAIN` if set; else the nightly pinned by
+//! xtask (`nightly-2026-05-20`, LLVM 22 like bpf-linker 0.13.0) when it is installed — a newer
+//! rustup nightly may be on LLVM 23, which bpf-linker cannot read; else `nightly`.
+//! Keep `PINNED_NIGHTLY` equal to `xtask/src/rust.rs`.
 use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=PYEBPF_EBPF_TOOLCHAIN");
-    let toolchain = std::env::var("PYEBPF_EBPF_TOOLCHAIN").ok();
+    let toolchain = std::env::var("PYEBPF_EBPF_TOOLCHAIN")
+        .ok()
+        .or_else(|| pinned_installed().then(|| PINNED_NIGHTLY.to_string()));
     let toolchain = match toolchain.as_deref() {
         Some(t) => aya_build::Toolchain::Custom(t),
         None => aya_build::Toolchain::Nightly,
@@ -41,6 +46,21 @@ fn main() -> anyhow::Result<()> {
         }],
         toolchain,
     )
+}
+
+/// The nightly xtask installs when rustup's current nightly is not on LLVM 22.
+const PINNED_NIGHTLY: &str = "nightly-2026-05-20";
+
+/// Whether rustup lists the pinned nightly (no download is ever triggered here).
+fn pinned_installed() -> bool {
+    std::process::Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.starts_with(PINNED_NIGHTLY))
+        })
 }
 
 fn which_bpf_linker() -> Option<std::path::PathBuf> {
