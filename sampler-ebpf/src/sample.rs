@@ -90,6 +90,8 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
         stack_len: 0,
         stack_cap: 0,
         comm: current_comm(),
+        py_cap: 0,
+        _pad: 0,
     };
     if flags & sample_flags::NO_USER_REGS != 0 {
         return emit_plain(&event);

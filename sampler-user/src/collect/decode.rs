@@ -193,6 +193,8 @@ mod tests {
             stack_len,
             stack_cap,
             comm: *b"python3\0\0\0\0\0\0\0\0\0",
+            py_cap: 0,
+            _pad: 0,
         }
     }
 
