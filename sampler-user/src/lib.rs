@@ -6,6 +6,8 @@
 //! → `procs` (process registry: comm, exe, mappings, containers)
 //! → `python` (CPython reader from `_Py_DebugOffsets` → Python stacks)
 //! → `unwind` (framehop over copied user stacks → native return addresses)
+//! → `merge` (`--native`: eval-loop frames replaced by the Python frames captured in the kernel
+//!   at the same instant; eval-loop address ranges per build)
 //! → `symbolize` (blazesym, cached per file → names)
 //! → `profile` (interned stacks with per-sample metadata)
 //! → `output` (flame graph, collapsed, speedscope).
@@ -15,6 +17,7 @@
 
 pub mod collect;
 pub mod config;
+pub mod merge;
 pub mod output;
 pub mod preflight;
 pub mod procs;

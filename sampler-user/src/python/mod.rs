@@ -25,6 +25,7 @@ pub mod dump;
 pub mod errors;
 mod facts;
 pub mod gil;
+pub mod kernel;
 pub mod layout;
 pub mod linetable;
 pub mod memory;

@@ -1,0 +1,466 @@
+//! Eval-loop address ranges: which native addresses are `_PyEval_EvalFrameDefault`.
+//!
+//! Owns: finding every piece of the eval loop in the interpreter's ELF file — the symbol itself
+//! and each `_PyEval_EvalFrameDefault.<suffix>` piece (`.cold`, `.part.N`, …) from `.symtab`
+//! and `.dynsym` — and, for a stripped file, in its separate debug file
+//! (`/usr/lib/debug/.build-id/xx/yyyy.debug`, looked up inside the target's root first, then
+//! on the host; its build-id must match). Results are cached per file identity (device, inode,
+//! build-id), so each build is read once per run (style rule 7).
+//! Input: an attached interpreter's [`Detected`] file. Output: [`FileEvalRanges`] (file
+//! addresses), turned into absolute [`EvalRanges`] per process with its load bias.
+//! Constraints: files are untrusted: tables are bounded ([`MAX_TABLE`]); no panics. Why the
+//! pieces matter: Debian's 3.14/3.15 run their bytecode handlers in a `.cold` part 1.4 MB below
+//! the hot symbol, and only the debug file names it (cpython-layouts §11).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::procs::elf::{ElfError, ReadAt, read_elf_info, read_section};
+use crate::python::Detected;
+
+use super::Role;
+
+/// Largest symbol or string table read.
+const MAX_TABLE: u64 = 64 << 20;
+/// Most cached files (cleared when full).
+const MAX_CACHED: usize = 256;
+/// The eval loop's symbol.
+const EVAL: &[u8] = b"_PyEval_EvalFrameDefault";
+/// `STT_FUNC`.
+const STT_FUNC: u8 = 2;
+
+/// One piece of the eval loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvalRange {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// [`Role::Eval`], or [`Role::EvalClone`] for a `.part` body called by the eval loop.
+    pub role: Role,
+}
+
+/// The eval-loop pieces of one file, in file (link-time) addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEvalRanges {
+    /// The pieces, sorted by address.
+    pub ranges: Vec<EvalRange>,
+    /// The file the symbols came from (the debug file for a stripped binary).
+    pub symbols_from: String,
+    /// The file has no `.symtab` and no debug file was found: local pieces (`.cold`) may be
+    /// missing, and merges of samples in them will be counted as mismatches.
+    pub incomplete: bool,
+}
+
+/// Why no ranges could be found.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalRangeError {
+    /// The interpreter file could not be opened by any path.
+    #[error("cannot open {path}")]
+    Open {
+        /// Its path in the target.
+        path: String,
+    },
+    /// The file is not a readable ELF.
+    #[error("{path}: {source}")]
+    Elf {
+        /// Its path.
+        path: String,
+        /// Why.
+        source: ElfError,
+    },
+    /// No `_PyEval_EvalFrameDefault` symbol anywhere.
+    #[error("no _PyEval_EvalFrameDefault symbol in {path}")]
+    NoSymbol {
+        /// The file.
+        path: String,
+    },
+}
+
+/// Absolute eval-loop ranges of one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvalRanges {
+    ranges: Vec<EvalRange>,
+}
+
+impl EvalRanges {
+    /// The ranges of `file` loaded with `bias`.
+    pub fn new(file: &FileEvalRanges, bias: u64) -> Self {
+        let mut ranges: Vec<EvalRange> = file
+            .ranges
+            .iter()
+            .map(|r| EvalRange {
+                start: r.start.wrapping_add(bias),
+                end: r.end.wrapping_add(bias),
+                role: r.role,
+            })
+            .collect();
+        ranges.sort_by_key(|r| r.start);
+        EvalRanges { ranges }
+    }
+
+    /// The role of the code at `addr` (a lookup address: the ip, or a return address − 1).
+    pub fn role(&self, addr: u64) -> Role {
+        let i = self.ranges.partition_point(|r| r.start <= addr);
+        match i.checked_sub(1).map(|i| &self.ranges[i]) {
+            Some(r) if addr < r.end => r.role,
+            _ => Role::Other,
+        }
+    }
+
+    /// Number of pieces.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// No pieces.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
+/// The role of a symbol named `name`, if it is a piece of the eval loop: the symbol itself and
+/// its `.cold`/`.lto_priv`/`.constprop`/`.isra` pieces and clones run an activation on their own
+/// frame; a `.part` body is called by the function's head (partial inlining).
+pub fn symbol_role(name: &[u8]) -> Option<Role> {
+    let rest = name.strip_prefix(EVAL)?;
+    if rest.is_empty() {
+        return Some(Role::Eval);
+    }
+    let suffix = rest.strip_prefix(b".")?;
+    let is_part = suffix.split(|&c| c == b'.').any(|c| c == b"part");
+    Some(if is_part { Role::EvalClone } else { Role::Eval })
+}
+
+fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at + N)?.try_into().ok()
+}
+
+/// Eval-loop pieces among ELF64 symbols `syms` (24-byte entries) with names in `strs`.
+pub fn ranges_from_symbols(syms: &[u8], strs: &[u8]) -> Vec<EvalRange> {
+    let mut out = Vec::new();
+    for sym in syms.chunks_exact(24) {
+        let (Some(name), Some(value), Some(size), Some(shndx)) = (
+            le::<4>(sym, 0),
+            le::<8>(sym, 8),
+            le::<8>(sym, 16),
+            le::<2>(sym, 6),
+        ) else {
+            continue;
+        };
+        let (name, value, size) = (
+            u32::from_le_bytes(name) as usize,
+            u64::from_le_bytes(value),
+            u64::from_le_bytes(size),
+        );
+        if sym[4] & 0xf != STT_FUNC || u16::from_le_bytes(shndx) == 0 || size == 0 || value == 0 {
+            continue;
+        }
+        let Some(rest) = strs.get(name..) else {
+            continue;
+        };
+        let n = &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())];
+        if let Some(role) = symbol_role(n) {
+            let r = EvalRange {
+                start: value,
+                end: value.saturating_add(size),
+                role,
+            };
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+/// What one ELF file says about the eval loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElfEvalPieces {
+    /// The pieces found, sorted by address.
+    pub ranges: Vec<EvalRange>,
+    /// The file has a `.symtab` (is not stripped): its local pieces are all there.
+    pub has_symtab: bool,
+    /// Its GNU build-id.
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// Eval-loop pieces in one ELF file.
+pub fn ranges_in_elf(r: &(impl ReadAt + ?Sized)) -> Result<ElfEvalPieces, ElfError> {
+    let info = read_elf_info(r)?;
+    let mut out = Vec::new();
+    let mut has_symtab = false;
+    for (symtab, strtab) in [(&b".symtab"[..], &b".strtab"[..]), (b".dynsym", b".dynstr")] {
+        let (Some(s), Some(t)) = (info.section(symtab), info.section(strtab)) else {
+            continue;
+        };
+        let (Ok(syms), Ok(strs)) = (read_section(r, s, MAX_TABLE), read_section(r, t, MAX_TABLE))
+        else {
+            continue;
+        };
+        has_symtab |= symtab == b".symtab" && !syms.is_empty();
+        for range in ranges_from_symbols(&syms, &strs) {
+            if !out.contains(&range) {
+                out.push(range);
+            }
+        }
+    }
+    out.sort_by_key(|r| r.start);
+    Ok(ElfEvalPieces {
+        ranges: out,
+        has_symtab,
+        build_id: info.build_id,
+    })
+}
+
+/// Candidate paths of the debug file of `build_id`: inside the target's root, then the host's.
+pub fn debug_file_paths(pid: u32, build_id: &[u8]) -> Vec<String> {
+    let Some((first, rest)) = build_id.split_first() else {
+        return Vec::new();
+    };
+    let hex = rest.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    });
+    let rel = format!("usr/lib/debug/.build-id/{first:02x}/{hex}.debug");
+    vec![format!("/proc/{pid}/root/{rel}"), format!("/{rel}")]
+}
+
+type Cache = Mutex<HashMap<(u64, u64, Option<Vec<u8>>), Arc<FileEvalRanges>>>;
+static CACHE: LazyLock<Cache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Opens the interpreter file of `d` as `pid` maps it (cpython-layouts §1.2 order).
+fn open_interpreter(pid: u32, d: &Detected) -> Option<(File, String)> {
+    let mut paths = Vec::new();
+    if let Some((start, end)) = d.image.first() {
+        paths.push(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+    }
+    paths.push(format!("/proc/{pid}/root{}", d.path));
+    paths.push(d.path.clone());
+    paths
+        .into_iter()
+        .find_map(|p| File::open(&p).ok().map(|f| (f, p)))
+}
+
+/// The eval-loop pieces of the interpreter file `d` of `pid`, computed once per file.
+pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, EvalRangeError> {
+    let key = (d.dev, d.inode, d.build_id.clone());
+    if let Some(hit) = CACHE.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(hit);
+    }
+    let (file, path) = open_interpreter(pid, d).ok_or_else(|| EvalRangeError::Open {
+        path: d.path.clone(),
+    })?;
+    let ElfEvalPieces {
+        mut ranges,
+        has_symtab,
+        build_id,
+    } = ranges_in_elf(&file).map_err(|source| EvalRangeError::Elf {
+        path: d.path.clone(),
+        source,
+    })?;
+    let mut symbols_from = d.path.clone();
+    let mut incomplete = false;
+    if !has_symtab {
+        incomplete = true;
+        let id = build_id.or_else(|| d.build_id.clone()).unwrap_or_default();
+        for p in debug_file_paths(pid, &id) {
+            let Ok(f) = File::open(&p) else { continue };
+            // A debug file of another build would give wrong addresses.
+            let Ok(dbg) = ranges_in_elf(&f) else {
+                continue;
+            };
+            if dbg.build_id.as_deref() != Some(&id[..]) {
+                continue;
+            }
+            for r in dbg.ranges {
+                if !ranges.contains(&r) {
+                    ranges.push(r);
+                }
+            }
+            ranges.sort_by_key(|r| r.start);
+            symbols_from = p;
+            incomplete = false;
+            break;
+        }
+    }
+    if ranges.is_empty() {
+        return Err(EvalRangeError::NoSymbol { path });
+    }
+    let out = Arc::new(FileEvalRanges {
+        ranges,
+        symbols_from,
+        incomplete,
+    });
+    if let Ok(mut c) = CACHE.lock() {
+        if c.len() >= MAX_CACHED {
+            c.clear();
+        }
+        c.insert(key, Arc::clone(&out));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(name_off: u32, info: u8, shndx: u16, value: u64, size: u64) -> Vec<u8> {
+        let mut s = Vec::new();
+        s.extend_from_slice(&name_off.to_le_bytes());
+        s.push(info);
+        s.push(0);
+        s.extend_from_slice(&shndx.to_le_bytes());
+        s.extend_from_slice(&value.to_le_bytes());
+        s.extend_from_slice(&size.to_le_bytes());
+        s
+    }
+
+    #[test]
+    fn roles_of_symbol_names() {
+        assert_eq!(symbol_role(b"_PyEval_EvalFrameDefault"), Some(Role::Eval));
+        assert_eq!(
+            symbol_role(b"_PyEval_EvalFrameDefault.cold"),
+            Some(Role::Eval)
+        );
+        assert_eq!(
+            symbol_role(b"_PyEval_EvalFrameDefault.lto_priv.0"),
+            Some(Role::Eval)
+        );
+        assert_eq!(
+            symbol_role(b"_PyEval_EvalFrameDefault.part.0"),
+            Some(Role::EvalClone)
+        );
+        assert_eq!(
+            symbol_role(b"_PyEval_EvalFrameDefault.part.0.cold"),
+            Some(Role::EvalClone)
+        );
+        assert_eq!(symbol_role(b"_PyEval_EvalFrameDefaultX"), None);
+        assert_eq!(symbol_role(b"_PyEval_EvalFrame"), None);
+        assert_eq!(symbol_role(b"_PyEvalFramePushAndInit.cold"), None);
+    }
+
+    #[test]
+    fn cold_piece_far_below_the_hot_symbol() {
+        const HOT: u64 = 0x0059_8b80;
+        const COLD: u64 = 0x0043_fb58;
+        // Debian 3.14.10's layout: hot 0x598b80 (1184 bytes), .cold 0x43fb58 (84423 bytes).
+        let strs = b"\0_PyEval_EvalFrameDefault\0_PyEval_EvalFrameDefault.cold\0other\0";
+        let mut syms = sym(0, 0, 0, 0, 0); // the null symbol
+        syms.extend(sym(1, 0x12, 12, HOT, 1184)); // GLOBAL FUNC
+        syms.extend(sym(26, 0x02, 12, COLD, 84423)); // LOCAL FUNC
+        syms.extend(sym(56, 0x12, 12, COLD + 84423, 64)); // right after .cold
+        syms.extend(sym(1, 0x11, 12, 0x1000, 8)); // an OBJECT named like it: ignored
+        syms.extend(sym(1, 0x12, 0, 0x2000, 8)); // undefined: ignored
+        let found = ranges_from_symbols(&syms, strs);
+        assert_eq!(found.len(), 2, "{found:?}");
+        let file = FileEvalRanges {
+            ranges: found,
+            symbols_from: "x".into(),
+            incomplete: false,
+        };
+        for bias in [0, 0x7f00_0000_0000] {
+            let r = EvalRanges::new(&file, bias);
+            assert_eq!(r.len(), 2);
+            assert_eq!(r.role(bias + HOT), Role::Eval);
+            assert_eq!(r.role(bias + HOT + 1183), Role::Eval);
+            assert_eq!(r.role(bias + HOT + 1184), Role::Other);
+            assert_eq!(
+                r.role(bias + COLD + 40_000),
+                Role::Eval,
+                ".cold is the eval loop"
+            );
+            assert_eq!(
+                r.role(bias + COLD + 84423),
+                Role::Other,
+                "the next function"
+            );
+            assert_eq!(r.role(bias + COLD - 1), Role::Other);
+            assert_eq!(r.role(0), Role::Other);
+        }
+    }
+
+    #[test]
+    fn garbage_tables_do_not_panic() {
+        assert!(ranges_from_symbols(&[0xff; 100], b"").is_empty());
+        let syms = sym(u32::MAX, 0x12, 1, 0x10, 0x10);
+        assert!(ranges_from_symbols(&syms, b"\0").is_empty());
+        assert!(ranges_in_elf(&b"\x7fELF garbage"[..]).is_err());
+    }
+
+    #[test]
+    fn debug_paths_inside_the_root_first() {
+        let p = debug_file_paths(42, &[0xcc, 0xcd, 0xa1]);
+        assert_eq!(
+            p,
+            [
+                "/proc/42/root/usr/lib/debug/.build-id/cc/cda1.debug",
+                "/usr/lib/debug/.build-id/cc/cda1.debug"
+            ]
+        );
+        assert!(debug_file_paths(42, &[]).is_empty());
+    }
+
+    /// Real files: the pyenv 3.12 libpython has a `.symtab` (with a small `.cold`); Debian's
+    /// 3.14 in the sid root is stripped and its `-dbg` debug file gives the `.cold` part.
+    #[test]
+    fn real_interpreter_files() {
+        let lib = "/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0";
+        if let Ok(f) = File::open(lib) {
+            let p = ranges_in_elf(&f).unwrap();
+            assert!(p.has_symtab);
+            assert!(p.ranges.len() >= 2, "3.12 libpython: {:?}", p.ranges);
+        } else {
+            eprintln!("SKIPPED: {lib} not found");
+        }
+        let sid = "/var/cache/pyebpf-test/roots/sid";
+        let Ok(f) = File::open(format!("{sid}/usr/bin/python3.14")) else {
+            eprintln!("SKIPPED: no Debian 3.14 in {sid}");
+            return;
+        };
+        let exe = ranges_in_elf(&f).unwrap();
+        assert!(!exe.has_symtab, "Debian's python3.14 is stripped");
+        assert_eq!(
+            exe.ranges.len(),
+            1,
+            "only the exported hot part: {:?}",
+            exe.ranges
+        );
+        let id = exe.build_id.expect("build-id");
+        let dbg = debug_file_paths(0, &id)[1]
+            .trim_start_matches('/')
+            .to_string();
+        let Ok(d) = File::open(format!("{sid}/{dbg}")) else {
+            eprintln!("SKIPPED: no debug file for python3.14 in {sid}");
+            return;
+        };
+        let dbg_pieces = ranges_in_elf(&d).unwrap();
+        assert_eq!(dbg_pieces.build_id.as_deref(), Some(&id[..]));
+        assert!(
+            dbg_pieces.ranges.len() >= 2,
+            "hot + .cold: {:?}",
+            dbg_pieces.ranges
+        );
+        let file = FileEvalRanges {
+            ranges: dbg_pieces.ranges,
+            symbols_from: dbg,
+            incomplete: false,
+        };
+        let abs = EvalRanges::new(&file, 0);
+        let hot = abs
+            .ranges
+            .iter()
+            .find(|x| x.end - x.start < 10_000)
+            .unwrap()
+            .start;
+        let cold = abs
+            .ranges
+            .iter()
+            .find(|x| x.end - x.start > 10_000)
+            .unwrap()
+            .start;
+        assert!(cold < hot, "the .cold part lies below the hot symbol");
+    }
+}
