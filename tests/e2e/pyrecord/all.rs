@@ -1,0 +1,231 @@
+//! Acceptance 2: `record --all -d 5` with 3.12, 3.13t and 3.14 (sid root) workloads running at
+//! once → one flame graph with all three processes and their correct Python stacks; a Python
+//! process started 1 s after the run begins is included with named frames; a Python process that
+//! lives ~200 ms and exits during the run keeps named frames.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::support::{
+    Installed, OutDir, Recording, Workload, comm, count_where, finish, is_py_frame, record_command,
+    record_spawn, setup, show, show_frames, total,
+};
+use crate::common::{Interpreter, run, text};
+
+/// The thread of `rec_spin.py` that spins.
+const SPINNER: &str = "spinner";
+
+/// Fewest samples of a spinning process in the 5 s run (three busy processes on two cores).
+const MIN_SAMPLES: u64 = 30;
+
+/// The three interpreters running at once.
+const AT_ONCE: [&str; 3] = ["3.12", "3.13t", "3.14"];
+
+/// A spinning workload and its stack as `dump` shows it (outermost first).
+struct Spinner {
+    w: Workload,
+    expected: Vec<String>,
+}
+
+impl Spinner {
+    fn start(interp: &Interpreter) -> Spinner {
+        let w = Workload::start(interp, "rec_spin.py", &[], &[]);
+        let expected = spinner_stack(&w);
+        Spinner { w, expected }
+    }
+}
+
+/// The spinner thread's dumped stack, checked to end in `spin_outer` → `spin` at its lines.
+fn spinner_stack(w: &Workload) -> Vec<String> {
+    let expected = w.dump_stack(w.tid(SPINNER));
+    let tail = [w.label("spin_outer", "call_spin"), w.label("spin", "spin")];
+    assert!(
+        expected.ends_with(&tail),
+        "{}: dump of the spinner does not end in spin_outer → spin (a dump bug):\n{}",
+        w.interp,
+        show_frames(&expected)
+    );
+    expected
+}
+
+/// Checks that `pid` is in the recording, that its root is `comm (pid)`, and that ≥ 90 % of its
+/// samples are exactly `comm (pid)` then the dumped stack (no `--threads` level).
+#[track_caller]
+fn check_spinner(rec: &Recording, what: &str, pid: u32, root: &str, expected: &[String]) {
+    let mine = rec.of_pid(pid);
+    let n = total(&mine);
+    assert!(
+        n >= MIN_SAMPLES,
+        "{what} (pid {pid}): only {n} samples under `--all`, want ≥ {MIN_SAMPLES} ({})\nprocesses \
+         seen:\n{}",
+        rec.what,
+        roots(rec)
+    );
+    let rooted = count_where(&mine, |s| s.frames[0] == root);
+    assert_eq!(
+        rooted,
+        n,
+        "{what}: root of pid {pid} is not `{root}`:\n{}",
+        show(&mine, 10)
+    );
+    let exact = count_where(&mine, |s| s.frames[1..] == *expected);
+    assert!(
+        exact * 100 >= n * 90,
+        "{what} (pid {pid}): only {exact}/{n} samples under `{root}` are its Python stack ({})\n\
+         expected, outermost first:\n{}samples:\n{}",
+        rec.what,
+        show_frames(expected),
+        show(&mine, 15)
+    );
+}
+
+/// The distinct roots of a recording with their counts, for messages.
+fn roots(rec: &Recording) -> String {
+    let mut by_root = std::collections::BTreeMap::<&str, u64>::new();
+    for s in &rec.samples {
+        *by_root.entry(s.frames[0].as_str()).or_default() += s.count;
+    }
+    let mut s = String::new();
+    for (r, n) in &by_root {
+        let _ = writeln!(s, "  {r} {n}");
+    }
+    s
+}
+
+#[test]
+fn all_three_interpreters_late_starter_and_short_lived_process() {
+    let Some(interps) = AT_ONCE.iter().map(|n| setup(n)).collect::<Option<Vec<_>>>() else {
+        return;
+    };
+    let (Some(late_interp), Some(short_interp)) = (setup("3.13"), setup("3.12")) else {
+        return;
+    };
+    let spinners: Vec<Spinner> = interps.iter().map(Spinner::start).collect();
+    let short = Installed::new(&short_interp, "rec_short.py");
+    let dir = OutDir::new("all");
+    let out = dir.join("all.txt");
+    let args = ["--all", "-f", "collapsed", "-d", "5"];
+    let child = record_spawn(&args, &out);
+
+    // A Python process started 1 s after the run begins (ready file awaited after the run).
+    std::thread::sleep(Duration::from_secs(1));
+    let mut late = Workload::spawn(&late_interp, "rec_spin.py", &[], &[]);
+    // A Python process that does ~200 ms of CPU work and exits, well inside the run.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut short_cmd = short_interp.command(&[short.script.as_str(), "0.2"]);
+    let short_child = short_cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {short_cmd:?}: {e}"));
+    let short_pid = short_child.id();
+    let short_out = short_child.wait_with_output().unwrap();
+    assert!(
+        short_out.status.success(),
+        "rec_short.py failed: {}",
+        text(&short_out.stderr)
+    );
+
+    let o = child.wait_with_output().unwrap();
+    let rec = finish(&o, &args, &out);
+    late.wait_ready();
+    let late_expected = spinner_stack(&late);
+
+    for (sp, interp) in spinners.iter().zip(&interps) {
+        let root = format!("{} ({})", comm(sp.w.pid), sp.w.pid);
+        check_spinner(
+            &rec,
+            &format!("--all: {}", interp.name),
+            sp.w.pid,
+            &root,
+            &sp.expected,
+        );
+    }
+
+    // The late starter: included, with its spinning function named at the right line.
+    let late_samples = rec.of_pid(late.pid);
+    let late_named = count_where(&late_samples, |s| s.frames[1..] == *late_expected);
+    assert!(
+        late_named >= 10,
+        "--all: the Python process started 1 s into the run (3.13, pid {}) has only {late_named} \
+         samples with its named stack ({} samples in all) ({})\nexpected, outermost first:\n{}\
+         its samples:\n{}processes seen:\n{}",
+        late.pid,
+        total(&late_samples),
+        rec.what,
+        show_frames(&late_expected),
+        show(&late_samples, 15),
+        roots(&rec)
+    );
+
+    // The short-lived process: its samples keep named Python frames after it exited.
+    let short_samples = rec.of_pid(short_pid);
+    let n = total(&short_samples);
+    let with_py = count_where(&short_samples, |s| s.frames.iter().any(|f| is_py_frame(f)));
+    let burn_stack = [
+        short.label("<module>", "call_main"),
+        short.label("main", "call_burn"),
+        short.label("burn", "burn"),
+    ];
+    let burning = count_where(&short_samples, |s| s.frames[1..] == burn_stack);
+    assert!(
+        n >= 3 && burning >= 1 && with_py * 2 >= n,
+        "--all: the ~200 ms Python process (3.12, pid {short_pid}) lost its Python frames: {n} \
+         samples, {with_py} with Python frames, {burning} exactly <module> → main → burn ({})\n\
+         its samples:\n{}",
+        rec.what,
+        show(&short_samples, 15)
+    );
+    let lost = rec.stderr_lines("lost samples:");
+    assert!(!lost.is_empty(), "no lost-sample line:\n{}", rec.stderr);
+}
+
+/// The same three interpreters, `--all` as an SVG flame graph: well-formed, with the three roots
+/// and each one's spinning frame.
+#[test]
+fn all_three_interpreters_svg_flame_graph() {
+    let Some(interps) = AT_ONCE.iter().map(|n| setup(n)).collect::<Option<Vec<_>>>() else {
+        return;
+    };
+    let spinners: Vec<Spinner> = interps.iter().map(Spinner::start).collect();
+    let dir = OutDir::new("all-svg");
+    let out = dir.join("all.svg");
+    let o = run(&mut record_command(&["--all", "-d", "5"], &out, &[]));
+    assert!(
+        o.status.success(),
+        "record --all -o all.svg failed: {}",
+        text(&o.stderr)
+    );
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, opts)
+        .unwrap_or_else(|e| panic!("SVG is not well-formed XML: {e}"));
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    let has = |label: &str| {
+        let with_counts = format!("{label} (");
+        titles
+            .iter()
+            .any(|t| *t == label || t.starts_with(&with_counts))
+    };
+    for (sp, interp) in spinners.iter().zip(&interps) {
+        let root = format!("{} ({})", comm(sp.w.pid), sp.w.pid);
+        let spin = sp.w.label("spin", "spin");
+        let shown: Vec<&&str> = titles.iter().filter(|t| t.contains(&root)).collect();
+        assert!(
+            has(&root) && has(&spin),
+            "SVG of record --all: {} root `{root}` present: {}, spinning frame `{spin}` present: \
+             {}\ntitles naming the root: {shown:?}\n{} titles in all",
+            interp.name,
+            has(&root),
+            has(&spin),
+            titles.len()
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! Acceptance 5 and 6: `--gil` (a free-threaded runtime with the GIL disabled is reported once and
+//! excluded; on 3.12 only the thread holding the GIL is sampled, not one spinning in C with the
+//! GIL released), and `PYEBPF_STATS=1` reports the eBPF program's cost.
+
+use super::support::{OutDir, Recording, Workload, record, setup, show, total};
+
+/// Fewest samples of a spinning thread in 3 s that we accept.
+const MIN_SAMPLES: u64 = 30;
+
+/// Acceptance 5a: `--gil` with a 3.13t target whose GIL is disabled → the message, once, and no
+/// samples of it; a 3.12 target recorded alongside keeps its samples.
+#[test]
+fn gil_excludes_free_threaded_target_3_13t() {
+    let (Some(ft), Some(py312)) = (setup("3.13t"), setup("3.12")) else {
+        return;
+    };
+    let free = Workload::start(&ft, "rec_spin.py", &[], &[("PYTHON_GIL", "0")]);
+    assert!(
+        !free.gil_enabled(),
+        "3.13t workload runs with the GIL enabled (setup problem): {}",
+        free.ready
+    );
+    let gil = Workload::start(&py312, "rec_spin.py", &[], &[]);
+    let dir = OutDir::new("gil-ft");
+    let (a, b) = (free.pid.to_string(), gil.pid.to_string());
+    let rec = record(
+        &["-p", &a, "-p", &b, "--gil", "-f", "collapsed", "-d", "3"],
+        &dir.join("gil.txt"),
+        &[],
+    );
+    let message = format!(
+        "--gil does not apply to PID {}: free-threaded, GIL disabled",
+        free.pid
+    );
+    let said = rec.stderr_lines(&message);
+    assert_eq!(
+        said.len(),
+        1,
+        "--gil with a free-threaded target (3.13t pid {}): want the line `{message}` exactly once \
+         on stderr ({}), got:\n{}",
+        free.pid,
+        rec.what,
+        rec.stderr
+    );
+    let leaked = rec.of_pid(free.pid);
+    assert!(
+        leaked.is_empty(),
+        "--gil: the free-threaded pid {} must be excluded, but has {} samples ({}):\n{}",
+        free.pid,
+        total(&leaked),
+        rec.what,
+        show(&leaked, 10)
+    );
+    let kept = total(&rec.of_pid(gil.pid));
+    assert!(
+        kept >= MIN_SAMPLES,
+        "--gil: the 3.12 target (pid {}) recorded alongside has only {kept} samples ({})\n{}",
+        gil.pid,
+        rec.what,
+        rec.stderr
+    );
+}
+
+/// Samples of the `rec_gil.py` threads: (py-spin, c-hash, whole pid).
+fn split(rec: &Recording, w: &Workload) -> (u64, u64, u64) {
+    (
+        total(&rec.of_thread(w.pid, w.tid("py-spin"))),
+        total(&rec.of_thread(w.pid, w.tid("c-hash"))),
+        total(&rec.of_pid(w.pid)),
+    )
+}
+
+/// Acceptance 5b: 3.12, one thread spinning in Python and one hashing a 64 MiB buffer (GIL
+/// released) → with `--gil`, ≥ 95 % of the pid's samples are the Python thread's and the hashing
+/// thread has close to none. Without `--gil` (control) the hashing thread is sampled a lot.
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
+    let Some(interp) = setup("3.12") else { return };
+    let w = Workload::start(&interp, "rec_gil.py", &[], &[]);
+    let pid = w.pid.to_string();
+    let dir = OutDir::new("gil-312");
+
+    let control = record(
+        &["-p", &pid, "-t", "-f", "collapsed", "-d", "3"],
+        &dir.join("control.txt"),
+        &[],
+    );
+    let (py, c, all) = split(&control, &w);
+    assert!(
+        c >= MIN_SAMPLES && py >= MIN_SAMPLES,
+        "control run without --gil: both threads should be busy, got py-spin {py}, c-hash {c} of \
+         {all} samples ({})\n{}",
+        control.what,
+        show(&control.of_pid(w.pid), 10)
+    );
+
+    let rec = record(
+        &["-p", &pid, "-t", "--gil", "-f", "collapsed", "-d", "3"],
+        &dir.join("gil.txt"),
+        &[],
+    );
+    let (py, c, all) = split(&rec, &w);
+    assert!(
+        py >= MIN_SAMPLES && py * 100 >= all * 95 && c * 100 <= all * 2,
+        "--gil on 3.12: want only the GIL-holding thread py-spin (≥ {MIN_SAMPLES} samples, ≥ 95 % \
+         of the pid's) and c-hash (GIL released while hashing) close to 0 (≤ 2 %); got py-spin \
+         {py}, c-hash {c} of {all} ({})\n{}\nstderr:\n{}",
+        rec.what,
+        show(&rec.of_pid(w.pid), 10),
+        rec.stderr
+    );
+}
+
+/// Acceptance 6: the eBPF program loads on this kernel and, with `PYEBPF_STATS=1`, `record`
+/// reports its verified instruction count and mean run time per sample.
+#[test]
+fn ebpf_program_cost_is_reported() {
+    let Some(interp) = setup("3.12") else { return };
+    let w = Workload::start(&interp, "rec_spin.py", &[], &[]);
+    let dir = OutDir::new("stats");
+    let pid = w.pid.to_string();
+    let rec = record(
+        &["-p", &pid, "-f", "collapsed", "-d", "2"],
+        &dir.join("stats.txt"),
+        &[("PYEBPF_STATS", "1")],
+    );
+    let (insns, ns) = program_stats(&rec.stderr).unwrap_or_else(|| {
+        panic!(
+            "PYEBPF_STATS=1: no line with the program's instruction count and run time per \
+             sample ({}):\n{}",
+            rec.what, rec.stderr
+        )
+    });
+    assert!(
+        (1..1_000_000).contains(&insns) && ns > 0.0 && ns < 1e7,
+        "PYEBPF_STATS=1: implausible program cost: {insns} instructions, {ns} ns per sample:\n{}",
+        rec.stderr
+    );
+    assert!(
+        total(&rec.of_pid(w.pid)) > 0,
+        "no samples of the target with PYEBPF_STATS=1:\n{}",
+        rec.stderr
+    );
+}
+
+/// The (instruction count, mean ns per run) of the stats line.
+fn program_stats(stderr: &str) -> Option<(u64, f64)> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("instructions") && l.contains("ns"))?;
+    let insns = number_before(line, "instructions")?;
+    let ns = number_before(line, "ns")?;
+    Some((insns as u64, ns))
+}
+
+/// The number just before `word` in `line` (`… 1234 word …`).
+fn number_before(line: &str, word: &str) -> Option<f64> {
+    let at = line.find(word)?;
+    line[..at]
+        .split_whitespace()
+        .next_back()?
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .ok()
+}

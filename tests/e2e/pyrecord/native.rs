@@ -1,0 +1,180 @@
+//! Acceptance 4: `--native` on 3.12 and on Debian's 3.14 (static, stripped, `.cold` split):
+//! Python → C → Python (`sorted(DATA, key=pykey)` called from `middle`) → merged stacks show the
+//! outer Python frames, then native frames, then `pykey`, in that order; merge mismatches under
+//! 1 % of samples.
+
+use super::support::{
+    OutDir, Recording, Sample, Workload, count_where, is_py_frame, record, setup, show,
+    show_frames, total,
+};
+
+/// The marker the merge puts between the two halves of an unmergeable sample.
+const MISMATCH_MARKER: &str = "[merge mismatch]";
+
+/// Fewest samples of the sorting thread in 3 s that we accept.
+const MIN_SAMPLES: u64 = 30;
+
+/// How a sample of the sorting thread looks after the merge.
+#[derive(Debug, PartialEq, Eq)]
+enum Shape {
+    /// Not in `pykey` (sorting itself, or between calls).
+    NotInKey,
+    /// Outer Python frames, ≥ 1 native frame, `pykey`; `sort_named`: a native frame between
+    /// names the sort (`builtin_sorted`, `list_sort_impl`, …).
+    Good { sort_named: bool },
+    /// In `pykey`, but not in that shape: why.
+    Bad(String),
+}
+
+/// Classifies one sample (frames after `comm (pid);name (tid)`).
+fn shape(frames: &[String], outer_py: &[String], pykey: &str) -> Shape {
+    let Some(k) = frames.iter().position(|f| f.starts_with(pykey)) else {
+        return Shape::NotInKey;
+    };
+    let py: Vec<&String> = frames[..k].iter().filter(|f| is_py_frame(f)).collect();
+    if py.len() != outer_py.len() || py.iter().zip(outer_py).any(|(g, e)| *g != e) {
+        return Shape::Bad(format!(
+            "the Python frames above pykey are {py:?}, expected {outer_py:?}"
+        ));
+    }
+    let m = frames[..k]
+        .iter()
+        .rposition(|f| is_py_frame(f))
+        .expect("outer Python frames are not empty");
+    let between = &frames[m + 1..k];
+    if between.is_empty() {
+        return Shape::Bad(format!("no native frame between {} and pykey", frames[m]));
+    }
+    if frames[..m].iter().any(|f| f == MISMATCH_MARKER)
+        || between.iter().any(|f| f == MISMATCH_MARKER)
+    {
+        return Shape::Bad("merge mismatch marker".to_string());
+    }
+    Shape::Good {
+        sort_named: between.iter().any(|f| f.to_lowercase().contains("sort")),
+    }
+}
+
+/// `--native` merge of Python → C → Python on interpreter `name`. `symbols`: its binary has a
+/// symbol table, so the C frames between must name the sort.
+fn native_merge(name: &str, symbols: bool) {
+    let Some(interp) = setup(name) else { return };
+    let w = Workload::start(&interp, "rec_native.py", &[], &[]);
+    let tid = w.tid("sorter");
+    let pykey = w.files.label_prefix("pykey");
+    let dumped = w.dump_stack(tid);
+    let outer_py = &dumped[..dumped.len() - 1];
+    assert!(
+        dumped.last().is_some_and(|f| f.starts_with(&pykey))
+            && outer_py.ends_with(&[
+                w.label("outer", "call_middle"),
+                w.label("middle", "call_sorted"),
+            ]),
+        "{name}: dump of the sorter is not outer → middle → pykey (a dump bug, or the workload \
+         moved):\n{}",
+        show_frames(&dumped)
+    );
+    let dir = OutDir::new(&format!("native-{name}"));
+    let pid = w.pid.to_string();
+    let rec = record(
+        &["-p", &pid, "-t", "--native", "-f", "collapsed", "-d", "3"],
+        &dir.join("native.txt"),
+        &[],
+    );
+    let mine = rec.of_thread(w.pid, tid);
+    let n = total(&mine);
+    assert!(
+        n >= MIN_SAMPLES,
+        "{name} --native: only {n} samples of the sorter (tid {tid}) ({})\nsamples of the pid:\n{}",
+        rec.what,
+        show(&rec.of_pid(w.pid), 20)
+    );
+    let shapes: Vec<(&Sample, Shape)> = mine
+        .iter()
+        .map(|s| (*s, shape(&s.frames[2..], outer_py, &pykey)))
+        .collect();
+    let in_key: u64 = shapes
+        .iter()
+        .filter(|(_, sh)| *sh != Shape::NotInKey)
+        .map(|(s, _)| s.count)
+        .sum();
+    let good: u64 = shapes
+        .iter()
+        .filter(|(_, sh)| matches!(sh, Shape::Good { .. }))
+        .map(|(s, _)| s.count)
+        .sum();
+    let named: u64 = shapes
+        .iter()
+        .filter(|(_, sh)| matches!(sh, Shape::Good { sort_named: true }))
+        .map(|(s, _)| s.count)
+        .sum();
+    let bad: Vec<String> = shapes
+        .iter()
+        .filter_map(|(s, sh)| match sh {
+            Shape::Bad(why) => Some(format!("  {} {}\n    → {why}", s.frames.join(";"), s.count)),
+            _ => None,
+        })
+        .take(8)
+        .collect();
+    // The workload spends nearly all its time in pykey: a sample without pykey is mostly one
+    // whose Python frames went missing.
+    assert!(
+        in_key * 100 >= n * 80,
+        "{name} --native: only {in_key}/{n} samples of the sorter show pykey ({})\n\
+         expected Python frames, outermost first:\n{}  then native frames, then {pykey}…)\n\
+         samples:\n{}",
+        rec.what,
+        show_frames(outer_py),
+        show(&mine, 15)
+    );
+    assert!(
+        good * 100 >= in_key * 95,
+        "{name} --native: only {good}/{in_key} samples in pykey show the outer Python frames, \
+         native frames, then pykey, in order ({})\nexpected Python frames, outermost first:\n{}\
+         wrong samples:\n{}",
+        rec.what,
+        show_frames(outer_py),
+        bad.join("\n")
+    );
+    if symbols {
+        assert!(
+            named * 100 >= good * 90,
+            "{name} --native: only {named}/{good} merged samples name the sort (builtin_sorted, \
+             list_sort_impl…) between middle and pykey:\n{}",
+            show(&mine, 10)
+        );
+    }
+    check_mismatches(name, &rec, w.pid);
+}
+
+/// Merge mismatches (samples with the marker) are under 1 % of the pid's samples.
+#[track_caller]
+fn check_mismatches(name: &str, rec: &Recording, pid: u32) {
+    let all = rec.of_pid(pid);
+    let total_all = total(&all);
+    let mismatched = count_where(&all, |s| s.frames.iter().any(|f| f == MISMATCH_MARKER));
+    assert!(
+        mismatched * 100 < total_all,
+        "{name} --native: {mismatched}/{total_all} samples are merge mismatches (want < 1 %) ({})\n\
+         {}\nmismatched samples:\n{}",
+        rec.what,
+        rec.stderr,
+        show(
+            &all.iter()
+                .copied()
+                .filter(|s| s.frames.iter().any(|f| f == MISMATCH_MARKER))
+                .collect::<Vec<_>>(),
+            10
+        )
+    );
+}
+
+#[test]
+fn native_merge_python_c_python_3_12() {
+    native_merge("3.12", true);
+}
+
+#[test]
+fn native_merge_python_c_python_3_14_static_stripped() {
+    native_merge("3.14", false);
+}
