@@ -8,6 +8,7 @@
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
 mod apt;
+mod bench;
 mod install;
 mod interpreters;
 mod rust;
@@ -56,6 +57,16 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// pyebpf against py-spy: overhead, cost, rate limits, accuracy, start-up and RSS (as
+    /// root); prints the results and writes docs/benchmarks.md.
+    Bench {
+        /// Shorter runs (well under 10 minutes on the 2-core VM).
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved runs per configuration (at least 5).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root.
     Test {
         #[arg(long)]
@@ -103,6 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
         Cmd::Test { no_apt, args } => test::run(no_apt, &args),
+        Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
     }
 }
 
