@@ -7,6 +7,11 @@
 //! each event starts with an [`EventHeader`] carrying its kind, addresses are opaque `u64`.
 //! Every type has a compile-time size assertion; user-space round-trip tests live in `tests` below.
 #![no_std]
+#![allow(
+    clippy::pub_underscore_fields,
+    reason = "explicit padding fields are public so that struct literals can zero them; the \
+              underscore says they carry nothing"
+)]
 
 /// Names of the maps in the eBPF object. User space looks maps up only through these.
 pub mod maps {
@@ -22,6 +27,9 @@ pub mod maps {
     pub const PY_PROCS: &str = "PY_PROCS";
     /// `LruHashMap<u32 host tid, u64 tstate address>`: thread-state cache, validated on use.
     pub const PY_TSTATES: &str = "PY_TSTATES";
+    /// `PerCpuArray<[u64; 16]>` (one entry): the kernel walk's frame-header scratch buffer.
+    /// Kernel-internal; user space never touches it.
+    pub const PY_SCRATCH: &str = "PY_SCRATCH";
     /// Name of the `Config` global set at load time.
     pub const CONFIG: &str = "CONFIG";
 }
@@ -101,6 +109,10 @@ pub const PY_TSTATES_ENTRIES: u32 = 65536;
 pub const PY_MAX_THREADS_WALKED: u32 = 256;
 /// Offset value meaning "this field does not exist in this build".
 pub const PY_NO_OFFSET: u32 = u32::MAX;
+/// Bytes of each `_PyInterpreterFrame` the kernel reads in one piece (its header: 80 bytes is
+/// the whole frame on 3.12/3.13 and covers every field the walk needs on 3.14/3.15, incl. the
+/// 3.14t `owner` @78). Frame field offsets must lie inside it ([`PyProcInfo::frame_offsets_fit`]).
+pub const PY_FRAME_HEADER_BYTES: u32 = 80;
 
 /// What the in-kernel Python walk needs for one process; derived by user space from the
 /// process's `RuntimeLayout` (its `_Py_DebugOffsets`) and written to `PY_PROCS`.
@@ -148,6 +160,24 @@ pub struct PyProcInfo {
 }
 const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 88);
 
+impl PyProcInfo {
+    /// Whether the frame offsets fit the kernel's one-read frame header: the 8-byte fields
+    /// (`previous`, `executable`, `instr_ptr`) 8-aligned and inside [`PY_FRAME_HEADER_BYTES`],
+    /// `owner` inside it, `tlbc_index` absent or 4-aligned inside it. The kernel refuses
+    /// (and counts, `Counter::PyBadProcInfo`) an entry that does not.
+    #[must_use]
+    pub const fn frame_offsets_fit(&self) -> bool {
+        const fn word(off: u32, size: u32) -> bool {
+            off.is_multiple_of(size) && off <= PY_FRAME_HEADER_BYTES - size
+        }
+        word(self.frame_previous, 8)
+            && word(self.frame_executable, 8)
+            && word(self.frame_instr_ptr, 8)
+            && self.frame_owner < PY_FRAME_HEADER_BYTES
+            && (self.frame_tlbc_index == PY_NO_OFFSET || word(self.frame_tlbc_index, 4))
+    }
+}
+
 /// One Python frame as captured in the kernel: raw values, decoded by user space.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -167,20 +197,25 @@ const _: () = assert!(core::mem::size_of::<PyFrameRecord>() == 24);
 
 /// Flags of a [`PyCapture`].
 pub mod py_flags {
-    /// A thread state was found and its frame chain walked.
+    /// A thread state was found and its frame chain walked: to its end (`previous == NULL`),
+    /// to the frame budget (then also [`TRUNCATED`]) or to a failed read (then also
+    /// [`READ_ERROR`]; the frames before it are valid).
     pub const CAPTURED: u32 = 1 << 0;
     /// More than `PY_MAX_FRAMES` frames: the outermost ones are missing.
     pub const TRUNCATED: u32 = 1 << 1;
-    /// The sampled thread has no thread state in the process (not a Python thread).
+    /// The sampled thread has no thread state in the process (not a Python thread), or the
+    /// thread list was longer than `PY_MAX_THREADS_WALKED`.
     pub const NO_TSTATE: u32 = 1 << 2;
-    /// A read of target memory failed during the walk.
+    /// A read of target memory failed (the frames before it are kept), or the `PY_PROCS`
+    /// entry was unusable (bad frame offsets, wrong pid namespace); see the `Py*` counters.
     pub const READ_ERROR: u32 = 1 << 3;
     /// The thread state came from the `PY_TSTATES` cache.
     pub const CACHE_HIT: u32 = 1 << 4;
 }
 
 /// The Python part of a sample of a known Python process. Follows the stack bytes in the
-/// record when `SampleEvent::py_cap != 0`.
+/// record when `SampleEvent::py_cap != 0` (at byte `size_of::<SampleEvent>() + stack_cap`,
+/// 8-aligned because every stack class is), and then `py_cap == size_of::<PyCapture>()`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PyCapture {
@@ -332,10 +367,26 @@ pub enum Counter {
     /// Process-event programs that could not read their tracepoint record (or found an
     /// implausible offset in `Config`).
     ProcEventErrors = 11,
+    /// Samples of processes in `PY_PROCS` (each carries a [`PyCapture`]).
+    PySamples = 12,
+    /// Python-process samples whose thread has no thread state (`py_flags::NO_TSTATE`).
+    PyNoTstate = 13,
+    /// Python-process samples with a failed read of target memory (`py_flags::READ_ERROR`).
+    PyReadErrors = 14,
+    /// Python-process samples with more than `PY_MAX_FRAMES` frames (`py_flags::TRUNCATED`).
+    PyTruncated = 15,
+    /// Thread-list walks: `PY_TSTATES` had no valid entry for the sampled thread.
+    PyTstateWalks = 16,
+    /// Thread-list walks that gave up after `PY_MAX_THREADS_WALKED` thread states.
+    PyThreadBudget = 17,
+    /// `PY_PROCS` entries the walk cannot use ([`PyProcInfo::frame_offsets_fit`] is false).
+    PyBadProcInfo = 18,
+    /// `bpf_get_ns_current_pid_tgid` failed for the entry's pid namespace.
+    PyPidNsErrors = 19,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 12;
+pub const COUNTERS_LEN: u32 = 20;
 
 impl Counter {
     /// Every counter, in index order.
@@ -352,6 +403,14 @@ impl Counter {
         Counter::SelfSamples,
         Counter::FollowFailed,
         Counter::ProcEventErrors,
+        Counter::PySamples,
+        Counter::PyNoTstate,
+        Counter::PyReadErrors,
+        Counter::PyTruncated,
+        Counter::PyTstateWalks,
+        Counter::PyThreadBudget,
+        Counter::PyBadProcInfo,
+        Counter::PyPidNsErrors,
     ];
 
     /// Short, stable name for summaries.
@@ -370,6 +429,14 @@ impl Counter {
             Counter::SelfSamples => "self_samples",
             Counter::FollowFailed => "follow_failed",
             Counter::ProcEventErrors => "proc_event_errors",
+            Counter::PySamples => "py_samples",
+            Counter::PyNoTstate => "py_no_tstate",
+            Counter::PyReadErrors => "py_read_errors",
+            Counter::PyTruncated => "py_truncated",
+            Counter::PyTstateWalks => "py_tstate_walks",
+            Counter::PyThreadBudget => "py_thread_budget",
+            Counter::PyBadProcInfo => "py_bad_proc_info",
+            Counter::PyPidNsErrors => "py_pidns_errors",
         }
     }
 }
@@ -498,6 +565,104 @@ mod tests {
             assert_eq!(class as usize % STACK_PAGE, 0);
         }
         assert!(STACK_SIZE_CLASSES.contains(&DEFAULT_STACK_BYTES));
+    }
+
+    /// The frame offsets of 3.12/3.13 (owner @70), 3.14/3.15 (@74) and 3.14t (@78, tlbc @72).
+    fn info(owner: u32, tlbc: u32) -> PyProcInfo {
+        PyProcInfo {
+            frame_previous: 8,
+            frame_executable: 0,
+            frame_instr_ptr: 56,
+            frame_owner: owner,
+            frame_tlbc_index: tlbc,
+            ..PyProcInfo::default()
+        }
+    }
+
+    #[test]
+    fn real_frame_layouts_fit_the_header_read() {
+        assert!(info(70, PY_NO_OFFSET).frame_offsets_fit());
+        assert!(info(74, PY_NO_OFFSET).frame_offsets_fit());
+        assert!(info(78, 72).frame_offsets_fit());
+    }
+
+    #[test]
+    fn frame_offsets_outside_the_header_or_misaligned_do_not_fit() {
+        assert!(!info(80, PY_NO_OFFSET).frame_offsets_fit());
+        assert!(
+            !info(70, 78).frame_offsets_fit(),
+            "tlbc_index crosses the end"
+        );
+        assert!(!info(70, 73).frame_offsets_fit(), "tlbc_index misaligned");
+        for bad in [4, 76, 80, PY_NO_OFFSET] {
+            let mut i = info(70, PY_NO_OFFSET);
+            i.frame_previous = bad;
+            assert!(!i.frame_offsets_fit(), "previous @{bad}");
+            let mut i = info(70, PY_NO_OFFSET);
+            i.frame_executable = bad;
+            assert!(!i.frame_offsets_fit(), "executable @{bad}");
+            let mut i = info(70, PY_NO_OFFSET);
+            i.frame_instr_ptr = bad;
+            assert!(!i.frame_offsets_fit(), "instr_ptr @{bad}");
+        }
+    }
+
+    #[test]
+    fn python_types_round_trip() {
+        let info = PyProcInfo {
+            runtime_addr: 0xba_07c0,
+            pidns_dev: 4,
+            pidns_ino: 0xf000_0001,
+            interpreters_head: 808,
+            threads_head: 7344,
+            tstate_next: 8,
+            tstate_native_thread_id: 160,
+            tstate_current_frame: 72,
+            cframe_current_frame: PY_NO_OFFSET,
+            frame_previous: 8,
+            frame_executable: 0,
+            frame_instr_ptr: 56,
+            frame_owner: 74,
+            frame_tlbc_index: PY_NO_OFFSET,
+            gil_locked: 7800,
+            gil_holder: 7792,
+            gil_enabled: PY_NO_OFFSET,
+            _pad: 0,
+        };
+        assert_eq!(decode::<PyProcInfo>(encode(&info)), Some(info));
+        let mut cap = PyCapture {
+            tstate: 1,
+            gil_holder: 2,
+            gil_locked: 1,
+            gil_enabled: -1,
+            nframes: 2,
+            flags: py_flags::CAPTURED | py_flags::CACHE_HIT,
+            frames: [PyFrameRecord::default(); PY_MAX_FRAMES],
+        };
+        cap.frames[1] = PyFrameRecord {
+            executable: 0x7f00_1234_5679,
+            instr_ptr: 0x7f00_1234_6000,
+            tlbc_index: -1,
+            owner: 3,
+            _pad: [0; 3],
+        };
+        let bytes = encode(&cap);
+        assert_eq!(bytes.len(), 32 + 24 * PY_MAX_FRAMES);
+        let back = decode::<PyCapture>(bytes).unwrap();
+        assert_eq!(
+            (
+                back.tstate,
+                back.gil_holder,
+                back.gil_locked,
+                back.gil_enabled
+            ),
+            (1, 2, 1, -1)
+        );
+        assert_eq!((back.nframes, back.flags), (cap.nframes, cap.flags));
+        assert_eq!(back.frames, cap.frames);
+        // The frame records start right after the 32-byte header, 24 bytes each.
+        assert_eq!(bytes[32 + 24 + 20], 3, "owner of frame 1");
+        assert_eq!(&bytes[32 + 24 + 16..32 + 24 + 20], &(-1i32).to_le_bytes());
     }
 
     #[test]

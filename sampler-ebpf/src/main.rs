@@ -1,4 +1,5 @@
-//! pyebpf's eBPF object: one CPU-clock sampler and three process life-cycle tracepoints.
+//! pyebpf's eBPF object: one CPU-clock sampler (with the in-kernel Python walk) and three
+//! process life-cycle tracepoints.
 //!
 //! Owns: the programs named in `sampler_common::programs` and the maps named in
 //! `sampler_common::maps`. Input: perf-event and tracepoint contexts plus the `CONFIG` global
@@ -26,6 +27,8 @@
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod proc_events;
+#[cfg(target_arch = "bpf")]
+mod python;
 #[cfg(target_arch = "bpf")]
 mod sample;
 

@@ -6,10 +6,11 @@
 use aya_ebpf::{
     Global,
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use sampler_common::{
-    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, TARGET_PIDS_ENTRIES,
+    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, PY_PROCS_ENTRIES,
+    PY_TSTATES_ENTRIES, PyProcInfo, TARGET_PIDS_ENTRIES,
 };
 
 /// Samples and process events (see `sampler_common::SampleEvent` / `ProcEvent`).
@@ -23,6 +24,28 @@ pub static KSTACKS: StackTrace = StackTrace::with_max_entries(KERNEL_STACKS_ENTR
 /// Processes (thread-group ids) to sample when `Config::filter_pids == 1`; value unused.
 #[map(name = "TARGET_PIDS")]
 pub static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(TARGET_PIDS_ENTRIES, 0);
+
+/// Python processes (host pid) and the offsets their walk needs; written by user space.
+#[map(name = "PY_PROCS")]
+pub static PY_PROCS: HashMap<u32, PyProcInfo> = HashMap::with_max_entries(PY_PROCS_ENTRIES, 0);
+
+/// Host tid → thread-state address, filled by the walk and validated on every use.
+#[map(name = "PY_TSTATES")]
+pub static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PY_TSTATES_ENTRIES, 0);
+
+/// Words of the frame-header scratch buffer: a power of two, so that masking a word index with
+/// `SCRATCH_WORDS - 1` keeps every access inside it (the verifier wants bounds it can see).
+pub const SCRATCH_WORDS: usize = 16;
+const _: () = assert!(
+    SCRATCH_WORDS.is_power_of_two()
+        && SCRATCH_WORDS * 8 >= sampler_common::PY_FRAME_HEADER_BYTES as usize
+);
+
+/// One frame header read from the target (`PY_FRAME_HEADER_BYTES` of it are used). Per-CPU
+/// map memory rather than the 512-byte BPF stack, and because variable-offset reads of map
+/// values are what the verifier handles best.
+#[map(name = "PY_SCRATCH")]
+pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU event counters indexed by `Counter`.
 #[map(name = "COUNTERS")]

@@ -1,13 +1,18 @@
 //! `pyebpf_sample`: the CPU-clock perf-event program.
 //!
-//! Input: the perf context of a software CPU-clock sample on any CPU, plus `CONFIG`.
-//! Output: one `SampleEvent` record in `EVENTS`, optionally followed in the same record by a
-//! constant-size copy of the user stack; counters for every dropped or degraded sample.
+//! Input: the perf context of a software CPU-clock sample on any CPU, plus `CONFIG` and
+//! `PY_PROCS`.
+//! Output: one record in `EVENTS`: `SampleEvent | stack bytes [stack_cap] | PyCapture`, where
+//! the stack copy is present when configured and the user registers are known, and the
+//! `PyCapture` (see `python`) when the process is in `PY_PROCS` — independently of the stack
+//! copy; counters for every dropped or degraded sample.
 //!
 //! Constraints: the ring-buffer reservation size must be a verifier-visible constant, so there is
-//! one monomorphised copy path per `STACK_SIZE_CLASSES` entry. User memory is read in whole
-//! pages at constant offsets, starting from the page that holds `sp`, because one large read from
-//! `sp` fails whenever the mapped stack ends before `sp + len` (it usually does).
+//! one monomorphised record type per (stack class or none) × (with or without Python capture).
+//! The stack class is a frozen `CONFIG` constant, so the verifier walks only the configured
+//! class's two variants (and the no-stack pair for samples without user registers). User memory
+//! is read in whole pages at constant offsets, starting from the page that holds `sp`, because
+//! one large read from `sp` fails whenever the mapped stack ends before `sp + len`.
 use core::{ffi::c_void, ptr::addr_of_mut};
 
 use aya_ebpf::{
@@ -17,11 +22,14 @@ use aya_ebpf::{
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
 use sampler_common::{
-    Config, Counter, EventHeader, STACK_PAGE, STACK_SIZE_CLASSES, SampleEvent, UserRegs,
-    event_kind, sample_flags,
+    Config, Counter, EventHeader, PyCapture, PyProcInfo, STACK_PAGE, STACK_SIZE_CLASSES,
+    SampleEvent, UserRegs, event_kind, sample_flags,
 };
 
-use crate::maps::{EVENTS, KSTACKS, config, count, current_comm, is_target};
+use crate::{
+    maps::{EVENTS, KSTACKS, PY_PROCS, config, count, current_comm, is_target},
+    python,
+};
 
 /// `-EFAULT`: what `get_stackid` returns for a sample taken in user mode (no kernel stack).
 const NEG_EFAULT: i32 = -14;
@@ -39,12 +47,23 @@ const CLASS_3: u32 = STACK_SIZE_CLASSES[3];
 // `try_sample` has one match arm per class: a new class must get its arm.
 const _: () = assert!(STACK_SIZE_CLASSES.len() == 4);
 
-/// A sample record with `N` bytes of user stack after the header, reserved in one piece.
+/// A sample record with `N` bytes of user stack after the header (`N == 0`: none), reserved in
+/// one piece.
 #[repr(C)]
 struct SampleWithStack<const N: usize> {
     event: SampleEvent,
     stack: [u8; N],
 }
+
+/// As [`SampleWithStack`], followed by the Python capture (`N` is a multiple of 8, so `py` sits
+/// at `size_of::<SampleEvent>() + N` with no padding: the layout user space decodes).
+#[repr(C)]
+struct SampleWithPython<const N: usize> {
+    event: SampleEvent,
+    stack: [u8; N],
+    py: PyCapture,
+}
+const _: () = assert!(size_of::<SampleEvent>().is_multiple_of(8));
 
 #[perf_event]
 pub fn pyebpf_sample(ctx: PerfEventContext) -> u32 {
@@ -93,15 +112,26 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
         py_cap: 0,
         _pad: 0,
     };
+    // SAFETY: a pointer to a value of this map, valid for the whole program run.
+    let py = PY_PROCS.get_ptr(tgid).map(|info| unsafe { &*info });
     if flags & sample_flags::NO_USER_REGS != 0 {
-        return emit_plain(&event);
+        return emit::<0>(&mut event, py);
     }
     match cfg.stack_bytes {
-        CLASS_0 => emit_with_stack::<{ CLASS_0 as usize }>(&mut event),
-        CLASS_1 => emit_with_stack::<{ CLASS_1 as usize }>(&mut event),
-        CLASS_2 => emit_with_stack::<{ CLASS_2 as usize }>(&mut event),
-        CLASS_3 => emit_with_stack::<{ CLASS_3 as usize }>(&mut event),
-        _ => emit_plain(&event),
+        CLASS_0 => emit::<{ CLASS_0 as usize }>(&mut event, py),
+        CLASS_1 => emit::<{ CLASS_1 as usize }>(&mut event, py),
+        CLASS_2 => emit::<{ CLASS_2 as usize }>(&mut event, py),
+        CLASS_3 => emit::<{ CLASS_3 as usize }>(&mut event, py),
+        _ => emit::<0>(&mut event, py),
+    }
+}
+
+/// Emit `event` with `N` stack bytes (0: none), plus the Python capture when `py` is known.
+#[inline(always)]
+fn emit<const N: usize>(event: &mut SampleEvent, py: Option<&PyProcInfo>) -> Result<(), Counter> {
+    match py {
+        Some(info) => emit_with_python::<N>(event, info),
+        None => emit_with_stack::<N>(event),
     }
 }
 
@@ -178,17 +208,6 @@ fn user_regs(ctx: &PerfEventContext) -> (u32, UserRegs) {
     }
 }
 
-/// Emit `event` without stack bytes.
-#[inline(always)]
-fn emit_plain(event: &SampleEvent) -> Result<(), Counter> {
-    let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
-        return Err(Counter::LostSamples);
-    };
-    entry.write(*event);
-    entry.submit(0);
-    Ok(())
-}
-
 /// Emit `event` followed by up to `N` bytes of user stack, copied straight into the record.
 #[inline(always)]
 fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counter> {
@@ -196,10 +215,44 @@ fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counte
         return Err(Counter::LostSamples);
     };
     let record = entry.as_mut_ptr();
-    let base = event.regs.sp & PAGE_MASK;
     // SAFETY: `record` points to a reserved, writable `SampleWithStack<N>`.
-    let stack = unsafe { addr_of_mut!((*record).stack) }.cast::<u8>();
-    let copied = copy_user_pages::<N>(stack, base);
+    fill_stack::<N>(event, unsafe { addr_of_mut!((*record).stack) }.cast::<u8>());
+    // SAFETY: as above; the header is written last so it reports the final lengths.
+    unsafe { addr_of_mut!((*record).event).write(*event) };
+    entry.submit(0);
+    Ok(())
+}
+
+/// Emit `event`, up to `N` bytes of user stack and the Python capture of the sampled thread.
+#[inline(always)]
+fn emit_with_python<const N: usize>(
+    event: &mut SampleEvent,
+    info: &PyProcInfo,
+) -> Result<(), Counter> {
+    let Some(mut entry) = EVENTS.reserve::<SampleWithPython<N>>(0) else {
+        return Err(Counter::LostSamples);
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: `record` points to a reserved, writable `SampleWithPython<N>`.
+    fill_stack::<N>(event, unsafe { addr_of_mut!((*record).stack) }.cast::<u8>());
+    // SAFETY: as above.
+    unsafe { python::capture(info, event.tid, addr_of_mut!((*record).py)) };
+    event.py_cap = size_of::<PyCapture>() as u32;
+    // SAFETY: as above; the header is written last so it reports the final lengths.
+    unsafe { addr_of_mut!((*record).event).write(*event) };
+    entry.submit(0);
+    Ok(())
+}
+
+/// Copy up to `N` bytes of user stack to `dst` (nothing when `N == 0`) and record the copy in
+/// `event`.
+#[inline(always)]
+fn fill_stack<const N: usize>(event: &mut SampleEvent, dst: *mut u8) {
+    if N == 0 {
+        return;
+    }
+    let base = event.regs.sp & PAGE_MASK;
+    let copied = copy_user_pages::<N>(dst, base);
     event.stack_base = base;
     event.stack_len = copied;
     event.stack_cap = N as u32;
@@ -209,10 +262,6 @@ fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counte
     if copied == 0 {
         count(Counter::StackCopyEmpty);
     }
-    // SAFETY: as above; the header is written after the copy so it reports the final length.
-    unsafe { addr_of_mut!((*record).event).write(*event) };
-    entry.submit(0);
-    Ok(())
 }
 
 /// Copy whole pages of user memory from `base` to `dst` until `N` bytes or the first fault.

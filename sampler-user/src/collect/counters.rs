@@ -14,8 +14,9 @@ pub struct CounterTotals {
     pub malformed: u64,
 }
 
-/// Kernel counters that mean data was lost or degraded.
-const ERROR_COUNTERS: [Counter; 7] = [
+/// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
+/// Python process's non-Python threads have no thread state by nature.)
+const ERROR_COUNTERS: [Counter; 12] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -23,6 +24,23 @@ const ERROR_COUNTERS: [Counter; 7] = [
     Counter::StackCopyEmpty,
     Counter::FollowFailed,
     Counter::ProcEventErrors,
+    Counter::PyReadErrors,
+    Counter::PyTruncated,
+    Counter::PyThreadBudget,
+    Counter::PyBadProcInfo,
+    Counter::PyPidNsErrors,
+];
+
+/// Kernel counters of the in-kernel Python walk.
+const PYTHON_COUNTERS: [Counter; 8] = [
+    Counter::PySamples,
+    Counter::PyNoTstate,
+    Counter::PyReadErrors,
+    Counter::PyTruncated,
+    Counter::PyTstateWalks,
+    Counter::PyThreadBudget,
+    Counter::PyBadProcInfo,
+    Counter::PyPidNsErrors,
 ];
 
 impl CounterTotals {
@@ -54,6 +72,11 @@ impl CounterTotals {
             .iter()
             .map(|&c| (c.name(), self.get(c)))
             .chain(std::iter::once(("malformed", self.malformed)))
+    }
+
+    /// The counters of the in-kernel Python walk, as `(name, value)` (zeros included).
+    pub fn python(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        PYTHON_COUNTERS.iter().map(|&c| (c.name(), self.get(c)))
     }
 
     /// The counters that mean loss or error, as `(name, value)` (zeros included).
@@ -114,5 +137,16 @@ mod tests {
                 .iter()
                 .all(|(n, _)| *n != "idle" && *n != "runs" && *n != "sent")
         );
+        assert!(errors.iter().any(|(n, _)| *n == "py_read_errors"));
+        assert!(errors.iter().all(|(n, _)| *n != "py_no_tstate"));
+        let python: Vec<_> = totals.python().map(|(n, _)| n).collect();
+        assert_eq!(python.len(), 8);
+        assert!(python.iter().all(|n| n.starts_with("py_")));
+        // Every `py_*` counter is listed as a Python counter.
+        let named = Counter::ALL
+            .iter()
+            .filter(|c| c.name().starts_with("py_"))
+            .count();
+        assert_eq!(named, python.len());
     }
 }

@@ -3,10 +3,14 @@
 //! Input: one record's bytes exactly as the ring buffer hands them out (any alignment, any
 //! content). Output: an [`Event`], or a [`Malformed`] reason that the collector counts.
 //!
+//! Record layout of a sample: `SampleEvent | stack bytes [stack_cap] | PyCapture [py_cap]`.
+//!
 //! Constraints: never panics and never trusts a length from the record: the stack slice is
-//! bounded by `stack_cap`, by the record length and by the largest size class.
+//! bounded by `stack_cap`, by the record length and by the largest size class; the Python
+//! capture by `size_of::<PyCapture>()`, the record length and `PY_MAX_FRAMES`.
 use sampler_common::{
-    EventHeader, ProcEvent, STACK_SIZE_CLASSES, SampleEvent, UserRegs, decode, event_kind,
+    EventHeader, PY_MAX_FRAMES, ProcEvent, PyCapture, PyFrameRecord, STACK_SIZE_CLASSES,
+    SampleEvent, UserRegs, decode, event_kind,
 };
 
 /// One event from the kernel side.
@@ -44,6 +48,29 @@ pub struct RawSample {
     pub regs: UserRegs,
     /// The copied user stack, when a copy was requested and at least one page was readable.
     pub stack: Option<StackCopy>,
+    /// The Python frames captured in the kernel, when the process is in `PY_PROCS`
+    /// (see [`super::PythonProcMap`]).
+    pub python: Option<PyCaptured>,
+}
+
+/// The Python part of a sample as the kernel captured it (see `sampler_common::PyCapture`):
+/// raw values, resolved by the `python` stage (`PythonProcess::resolve_frame`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PyCaptured {
+    /// The sampled thread's `PyThreadState` address (0 when none was found).
+    pub tstate: u64,
+    /// The captured frames, innermost first: exactly the valid ones (`nframes`), raw
+    /// (`executable` may carry stackref tags; entry frames and shims included).
+    pub frames: Vec<PyFrameRecord>,
+    /// `sampler_common::py_flags`.
+    pub flags: u32,
+    /// The interpreter's GIL `last_holder` (a tstate address; 0 when unknown). Meaningful only
+    /// when `gil_locked == 1`: the field is not cleared on release.
+    pub gil_holder: u64,
+    /// The GIL's `locked` word (-1: unknown).
+    pub gil_locked: i32,
+    /// Free-threaded builds: the GIL's `enabled` word (0: GIL disabled); -1 otherwise.
+    pub gil_enabled: i32,
 }
 
 /// A copy of user stack memory: `bytes[0]` is the byte at user address `base`.
@@ -100,9 +127,20 @@ pub enum Malformed {
         /// Declared capacity.
         cap: u32,
     },
+    /// `py_cap` is neither 0 nor `size_of::<PyCapture>()`, the record is shorter than the
+    /// capture it declares, or `nframes > PY_MAX_FRAMES`.
+    BadPython {
+        /// Declared capture size.
+        cap: u32,
+        /// Declared frame count (0 when the capture itself could not be read).
+        nframes: u32,
+    },
 }
 
 const SAMPLE_SIZE: usize = size_of::<SampleEvent>();
+const PY_CAPTURE_SIZE: usize = size_of::<PyCapture>();
+const PY_FRAMES_OFFSET: usize = std::mem::offset_of!(PyCapture, frames);
+const PY_FRAME_SIZE: usize = size_of::<PyFrameRecord>();
 
 /// Decode one ring-buffer record.
 pub fn decode_record(bytes: &[u8]) -> Result<Event, Malformed> {
@@ -144,6 +182,8 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
             bytes: tail[..ev.stack_len as usize].to_vec(),
         })
     };
+    // `stack_cap` is 0 or a size class here, and the record holds at least that many bytes.
+    let python = decode_python(&bytes[SAMPLE_SIZE + ev.stack_cap as usize..], ev.py_cap)?;
     Ok(RawSample {
         time_ns: ev.time_ns,
         pid: ev.pid,
@@ -154,7 +194,39 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
         kernel_stack_id: ev.kernel_stack_id,
         regs: ev.regs,
         stack,
+        python,
     })
+}
+
+/// The `PyCapture` at the start of `tail` when `py_cap` declares one.
+fn decode_python(tail: &[u8], py_cap: u32) -> Result<Option<PyCaptured>, Malformed> {
+    if py_cap == 0 {
+        return Ok(None);
+    }
+    let bad = |nframes| Malformed::BadPython {
+        cap: py_cap,
+        nframes,
+    };
+    if py_cap as usize != PY_CAPTURE_SIZE {
+        return Err(bad(0));
+    }
+    let cap = decode::<PyCapture>(tail).ok_or(bad(0))?;
+    let n = cap.nframes as usize;
+    if n > PY_MAX_FRAMES {
+        return Err(bad(cap.nframes));
+    }
+    let frames = tail[PY_FRAMES_OFFSET..PY_FRAMES_OFFSET + n * PY_FRAME_SIZE]
+        .chunks_exact(PY_FRAME_SIZE)
+        .filter_map(decode::<PyFrameRecord>)
+        .collect();
+    Ok(Some(PyCaptured {
+        tstate: cap.tstate,
+        frames,
+        flags: cap.flags,
+        gil_holder: cap.gil_holder,
+        gil_locked: cap.gil_locked,
+        gil_enabled: cap.gil_enabled,
+    }))
 }
 
 fn decode_proc(bytes: &[u8]) -> Result<ProcChange, Malformed> {
@@ -344,6 +416,130 @@ mod tests {
         }
     }
 
+    /// A capture with `nframes` declared and frames `i` = (`0x1000 + i`, `0x2000 + i`, …).
+    fn capture(nframes: u32, flags: u32) -> PyCapture {
+        let mut cap = PyCapture {
+            tstate: 0x7f00_0000_1000,
+            gil_holder: 0x7f00_0000_1000,
+            gil_locked: 1,
+            gil_enabled: -1,
+            nframes,
+            flags,
+            frames: [PyFrameRecord::default(); PY_MAX_FRAMES],
+        };
+        for (i, f) in cap.frames.iter_mut().enumerate() {
+            *f = PyFrameRecord {
+                executable: 0x1000 + i as u64,
+                instr_ptr: 0x2000 + i as u64,
+                tlbc_index: i as i32,
+                owner: (i % 4) as u8,
+                _pad: [0; 3],
+            };
+        }
+        cap
+    }
+
+    fn py_record(stack_cap: u32, cap: &PyCapture) -> Vec<u8> {
+        let mut ev = sample(stack_cap.min(4096), stack_cap);
+        ev.py_cap = PY_CAPTURE_SIZE as u32;
+        let mut v = record(&ev, &vec![0x11; stack_cap as usize]);
+        v.extend_from_slice(encode(cap));
+        v
+    }
+
+    fn python_of(bytes: &[u8]) -> PyCaptured {
+        let Event::Sample(s) = decode_record(bytes).unwrap() else {
+            panic!("not a sample")
+        };
+        s.python.expect("no python capture")
+    }
+
+    #[test]
+    fn python_capture_without_and_after_a_stack() {
+        use sampler_common::py_flags;
+        let flags = py_flags::CAPTURED | py_flags::CACHE_HIT;
+        for stack_cap in [0].into_iter().chain(STACK_SIZE_CLASSES) {
+            let py = python_of(&py_record(stack_cap, &capture(20, flags)));
+            assert_eq!(py.frames.len(), 20, "stack {stack_cap}");
+            assert_eq!(py.flags, flags);
+            assert_eq!(py.tstate, 0x7f00_0000_1000);
+            assert_eq!(
+                (py.gil_holder, py.gil_locked, py.gil_enabled),
+                (0x7f00_0000_1000, 1, -1)
+            );
+            for (i, f) in py.frames.iter().enumerate() {
+                assert_eq!(f.executable, 0x1000 + i as u64);
+                assert_eq!(f.instr_ptr, 0x2000 + i as u64);
+                assert_eq!(f.tlbc_index, i as i32);
+                assert_eq!(f.owner, (i % 4) as u8);
+            }
+        }
+        // Zero frames (a thread with no Python frames) and the full budget.
+        assert!(
+            python_of(&py_record(0, &capture(0, flags)))
+                .frames
+                .is_empty()
+        );
+        let full = python_of(&py_record(0, &capture(PY_MAX_FRAMES as u32, flags)));
+        assert_eq!(full.frames.len(), PY_MAX_FRAMES);
+        assert_eq!(full.frames[PY_MAX_FRAMES - 1].executable, 0x1000 + 255);
+    }
+
+    #[test]
+    fn sample_without_python_has_none() {
+        let Event::Sample(s) = decode_record(encode(&sample(0, 0))).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.python, None);
+    }
+
+    #[test]
+    fn truncated_python_record_is_malformed() {
+        for stack_cap in [0, STACK_SIZE_CLASSES[0]] {
+            let bytes = py_record(stack_cap, &capture(3, 0));
+            for cut in [1, 8, PY_CAPTURE_SIZE - 1, PY_CAPTURE_SIZE] {
+                assert_eq!(
+                    decode_record(&bytes[..bytes.len() - cut]),
+                    Err(Malformed::BadPython {
+                        cap: PY_CAPTURE_SIZE as u32,
+                        nframes: 0
+                    }),
+                    "stack {stack_cap}, cut {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_python_frames_is_malformed() {
+        for n in [PY_MAX_FRAMES as u32 + 1, u32::MAX] {
+            assert_eq!(
+                decode_record(&py_record(0, &capture(n, 0))),
+                Err(Malformed::BadPython {
+                    cap: PY_CAPTURE_SIZE as u32,
+                    nframes: n
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn odd_python_capture_size_is_malformed() {
+        let mut bytes = py_record(0, &capture(1, 0));
+        let off = std::mem::offset_of!(SampleEvent, py_cap);
+        for cap in [
+            1u32,
+            PY_CAPTURE_SIZE as u32 - 24,
+            PY_CAPTURE_SIZE as u32 + 24,
+        ] {
+            bytes[off..off + 4].copy_from_slice(&cap.to_le_bytes());
+            assert_eq!(
+                decode_record(&bytes),
+                Err(Malformed::BadPython { cap, nframes: 0 })
+            );
+        }
+    }
+
     #[test]
     fn garbage_never_panics() {
         // A cheap deterministic fuzz: every prefix of records with random-ish contents.
@@ -359,6 +555,20 @@ mod tests {
             buf[0] = (round % 6) as u8;
             buf[1..4].fill(0);
             let _ = decode_record(&buf[..round % buf.len()]);
+        }
+        // Python-bearing records with random captures, cut anywhere.
+        let mut bytes = py_record(0, &capture(3, 0));
+        let base = SAMPLE_SIZE;
+        for round in 0..2000usize {
+            for b in &mut bytes[base..base + 32] {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                *b = state as u8;
+            }
+            let cut = (state as usize) % (bytes.len() + 1);
+            let _ = decode_record(&bytes[..cut.max(round % 4)]);
+            let _ = decode_record(&bytes);
         }
     }
 }

@@ -106,6 +106,31 @@ pub enum CollectError {
         /// The table's capacity.
         capacity: u32,
     },
+    /// `PY_PROCS` is full.
+    #[error(
+        "cannot profile Python frames of pid {pid}: the Python process table is full ({capacity} \
+         processes)"
+    )]
+    PythonProcsFull {
+        /// The pid that did not fit.
+        pid: u32,
+        /// The table's capacity.
+        capacity: u32,
+    },
+    /// A `PyProcInfo` the kernel walk cannot use.
+    #[error("cannot walk Python frames of pid {pid} in the kernel: {reason}")]
+    PythonOffsets {
+        /// The process.
+        pid: u32,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A map handle that is handed out once was asked for again.
+    #[error("eBPF map {map} was already taken from the collector")]
+    AlreadyTaken {
+        /// Map name.
+        map: &'static str,
+    },
     /// `poll(2)` on the ring buffer failed (EINTR is not an error).
     #[error("cannot wait for eBPF events: {source}")]
     Poll {

@@ -3,8 +3,11 @@
 //! Owns: the embedded eBPF object, every eBPF map and program of it (nothing else in the crate
 //! touches them), the perf events (one software CPU-clock event per online CPU) and the three
 //! process-event tracepoints.
-//! Input: a [`CollectConfig`]. Output: [`Event`]s delivered by [`Collector::poll`], kernel
-//! stacks by id ([`Collector::kernel_stack`]), and [`CounterTotals`].
+//! Input: a [`CollectConfig`]; Python processes to walk in the kernel through the
+//! [`PythonProcMap`] handed out by [`Collector::take_python_procs`]. Output: [`Event`]s
+//! delivered by [`Collector::poll`] (samples carry the kernel's Python capture,
+//! [`PyCaptured`]), kernel stacks by id ([`Collector::kernel_stack`]), [`CounterTotals`] and
+//! [`ProgramStats`].
 //!
 //! Constraints: synchronous (the record loop calls `poll` with a timeout); never panics on
 //! ring-buffer contents (malformed records are counted and skipped); needs root or
@@ -13,9 +16,12 @@
 mod counters;
 mod decode;
 mod error;
+mod python_procs;
 mod targets;
 mod tracefs;
 
+#[cfg(test)]
+mod python_tests;
 #[cfg(test)]
 mod root_tests;
 
@@ -30,9 +36,10 @@ use aya::{
     },
 };
 pub use counters::CounterTotals;
-pub use decode::{Event, Malformed, ProcChange, RawSample, StackCopy, decode_record};
+pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy, decode_record};
 pub use error::CollectError;
 use error::{errno_of, one_line};
+pub use python_procs::PythonProcMap;
 use sampler_common::{
     Config, Counter, DEFAULT_RING_BYTES, STACK_SIZE_CLASSES, TARGET_PIDS_ENTRIES, maps, programs,
 };
@@ -93,6 +100,15 @@ pub struct ProgramStats {
     pub verified_insns: Option<u32>,
 }
 
+impl ProgramStats {
+    /// Mean run time per program run (per sample, incl. filtered ones) in nanoseconds, when
+    /// run-time stats are on and the program ran.
+    pub fn mean_run_ns(&self) -> Option<f64> {
+        let (time, runs) = (self.run_time_ns?, self.run_count?);
+        (runs > 0).then(|| time as f64 / runs as f64)
+    }
+}
+
 /// A loaded and attached set of programs; dropping it detaches everything.
 pub struct Collector {
     /// Owns the programs and their links (maps were taken out below).
@@ -101,6 +117,8 @@ pub struct Collector {
     kstacks: StackTraceMap<MapData>,
     counters: PerCpuArray<MapData, u64>,
     targets: targets::TargetPids,
+    /// `PY_PROCS`, until [`Collector::take_python_procs`] hands it out.
+    python_procs: Option<PythonProcMap>,
     cpus: usize,
     ring_bytes: u32,
     malformed: u64,
@@ -152,6 +170,8 @@ impl Collector {
         let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
         let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
+        let python_procs =
+            PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
 
         for (program, name) in [
             (programs::EXEC, "sched_process_exec"),
@@ -168,6 +188,7 @@ impl Collector {
             kstacks,
             counters,
             targets,
+            python_procs: Some(python_procs),
             cpus,
             ring_bytes,
             malformed: 0,
@@ -178,6 +199,15 @@ impl Collector {
     /// Sample `pid` too (e.g. a command spawned after `start`).
     pub fn add_target_pid(&mut self, pid: u32) -> Result<(), CollectError> {
         self.targets.add(pid)
+    }
+
+    /// The handle on `PY_PROCS` (which processes get their Python frames captured in the
+    /// kernel), for the thread that attaches to Python processes. Handed out once; later calls
+    /// fail with [`CollectError::AlreadyTaken`].
+    pub fn take_python_procs(&mut self) -> Result<PythonProcMap, CollectError> {
+        self.python_procs.take().ok_or(CollectError::AlreadyTaken {
+            map: maps::PY_PROCS,
+        })
     }
 
     /// Wait up to `timeout` for events, then hand every available one to `f` (bounded by one
@@ -310,7 +340,10 @@ fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
     } else {
         cfg.ring_bytes
     };
-    let record = size_of::<sampler_common::SampleEvent>() as u32 + cfg.stack_bytes;
+    // The largest record: a Python process's sample with a stack copy.
+    let record = (size_of::<sampler_common::SampleEvent>() + size_of::<sampler_common::PyCapture>())
+        as u32
+        + cfg.stack_bytes;
     let min = (4 * record).next_power_of_two().max(64 << 10);
     if !ring.is_power_of_two() || ring < min {
         return invalid(

@@ -14,10 +14,10 @@ use sampler_common::{Counter, STACK_SIZE_CLASSES, sample_flags};
 
 use super::{CollectConfig, Collector, Event, RawSample};
 
-static SERIAL: Mutex<()> = Mutex::new(());
+pub(super) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// True when running as root; otherwise skip (or fail under CI=true).
-fn have_root(test: &str) -> bool {
+pub(super) fn have_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;
@@ -62,6 +62,14 @@ fn own_cfg(stack_bytes: u32) -> CollectConfig {
     }
 }
 
+/// Verified-instruction budget of `pyebpf_sample` per load: the verifier's limit is 1M; the
+/// program needs ~7k (the Python walks run as `bpf_loop`s). Open loops or a state explosion
+/// would blow far past this.
+const VERIFIED_INSNS_BUDGET: u32 = 50_000;
+
+/// Every record variant: each load verifies the configured stack class (or none) both with and
+/// without the Python capture (that choice is made per sample), plus the no-stack pair used for
+/// samples without user registers.
 #[test]
 fn loads_at_every_stack_size_class() {
     if !have_root("loads_at_every_stack_size_class") {
@@ -88,6 +96,12 @@ fn loads_at_every_stack_size_class() {
                 "stack_bytes={stack_bytes:>5} kernel_stacks={kernel_stacks:<5} verified_insns={:?} translated={} jited_bytes={}",
                 stats.verified_insns, stats.translated_insns, stats.jited_bytes
             );
+            if let Some(verified) = stats.verified_insns {
+                assert!(
+                    verified < VERIFIED_INSNS_BUDGET,
+                    "stack {stack_bytes}: {verified} verified instructions"
+                );
+            }
         }
     }
 }
