@@ -25,6 +25,10 @@ pub enum Target {
 
 /// The raw `record` request, as the CLI parsed it.
 #[derive(Clone, Debug, Default)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "one field per CLI flag: the request mirrors the command line"
+)]
 pub struct RecordRequest {
     /// `--all`.
     pub all: bool,
@@ -46,6 +50,8 @@ pub struct RecordRequest {
     pub kernel: bool,
     /// `--threads`.
     pub threads: bool,
+    /// `--gil`.
+    pub gil: bool,
     /// `--subprocesses` (for `-p`).
     pub subprocesses: bool,
     /// `--stack-size` in bytes.
@@ -56,6 +62,10 @@ pub struct RecordRequest {
 
 /// A validated `record` configuration.
 #[derive(Clone, Debug)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the run, each read by a different stage"
+)]
 pub struct RecordConfig {
     /// What to profile.
     pub target: Target,
@@ -73,6 +83,8 @@ pub struct RecordConfig {
     pub kernel: bool,
     /// Add a thread level under each process.
     pub threads: bool,
+    /// Keep only samples of threads holding the GIL.
+    pub gil: bool,
     /// Follow children of `-p` targets.
     pub subprocesses: bool,
     /// User-stack bytes copied per sample (0 without `--native`).
@@ -132,13 +144,15 @@ pub enum ConfigError {
 
 impl RecordConfig {
     /// Validates a request. `now` names the default output file (`pyebpf-<now>.<ext>`).
-    pub fn new(req: RecordRequest, now: &str) -> Result<Self, ConfigError> {
-        let kinds = usize::from(req.all) + usize::from(!req.pids.is_empty()) + usize::from(!req.command.is_empty());
+    pub fn new(mut req: RecordRequest, now: &str) -> Result<Self, ConfigError> {
+        let kinds = usize::from(req.all)
+            + usize::from(!req.pids.is_empty())
+            + usize::from(!req.command.is_empty());
         let target = match kinds {
             0 => return Err(ConfigError::NoTarget),
             1 if req.all => Target::All,
-            1 if !req.pids.is_empty() => Target::Pids(req.pids.clone()),
-            1 => Target::Command(req.command.clone()),
+            1 if !req.pids.is_empty() => Target::Pids(std::mem::take(&mut req.pids)),
+            1 => Target::Command(std::mem::take(&mut req.command)),
             _ => return Err(ConfigError::ConflictingTargets),
         };
         if let Target::Pids(pids) = &target {
@@ -152,7 +166,9 @@ impl RecordConfig {
             return Err(ConfigError::BadRate { rate: req.rate_hz });
         }
         let duration = match req.duration_s {
-            Some(s) if !(s > 0.0 && s.is_finite()) => return Err(ConfigError::BadDuration { secs: s }),
+            Some(s) if !(s > 0.0 && s.is_finite()) => {
+                return Err(ConfigError::BadDuration { secs: s });
+            }
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
         };
@@ -166,15 +182,19 @@ impl RecordConfig {
             0
         };
         let format = match (&req.format, &req.output) {
-            (Some(name), _) => Format::from_name(name).ok_or_else(|| ConfigError::BadFormat { name: name.clone() })?,
+            (Some(name), _) => Format::from_name(name)
+                .ok_or_else(|| ConfigError::BadFormat { name: name.clone() })?,
             (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
             (None, None) => Format::Flamegraph,
         };
         let output = req
             .output
-            .clone()
+            .take()
             .unwrap_or_else(|| PathBuf::from(format!("pyebpf-{now}.{}", format.extension())));
-        output::check_writable(&output).map_err(|source| ConfigError::Output { path: output.clone(), source })?;
+        output::check_writable(&output).map_err(|source| ConfigError::Output {
+            path: output.clone(),
+            source,
+        })?;
         Ok(RecordConfig {
             target,
             duration,
@@ -184,6 +204,7 @@ impl RecordConfig {
             native: req.native,
             kernel: req.kernel,
             threads: req.threads,
+            gil: req.gil,
             subprocesses: req.subprocesses,
             stack_bytes,
             progress: req.progress,
@@ -210,39 +231,112 @@ mod tests {
         assert_eq!(c.target, Target::All);
         assert_eq!(c.format, Format::Flamegraph);
         assert_eq!(c.stack_bytes, 0);
-        let c = RecordConfig::new(RecordRequest { native: true, ..req() }, "x").unwrap();
+        let c = RecordConfig::new(
+            RecordRequest {
+                native: true,
+                ..req()
+            },
+            "x",
+        )
+        .unwrap();
         assert_eq!(c.stack_bytes, DEFAULT_STACK_BYTES);
-        let c = RecordConfig::new(RecordRequest { native: true, stack_bytes: Some(9000), ..req() }, "x").unwrap();
+        let c = RecordConfig::new(
+            RecordRequest {
+                native: true,
+                stack_bytes: Some(9000),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap();
         assert_eq!(c.stack_bytes, 16 << 10);
     }
 
     #[test]
     fn user_errors() {
-        assert!(matches!(RecordConfig::new(RecordRequest { all: false, ..req() }, "x"), Err(ConfigError::NoTarget)));
         assert!(matches!(
-            RecordConfig::new(RecordRequest { pids: vec![1], ..req() }, "x"),
+            RecordConfig::new(
+                RecordRequest {
+                    all: false,
+                    ..req()
+                },
+                "x"
+            ),
+            Err(ConfigError::NoTarget)
+        ));
+        assert!(matches!(
+            RecordConfig::new(
+                RecordRequest {
+                    pids: vec![1],
+                    ..req()
+                },
+                "x"
+            ),
             Err(ConfigError::ConflictingTargets)
         ));
         assert!(matches!(
-            RecordConfig::new(RecordRequest { all: false, pids: vec![u32::MAX - 1], ..req() }, "x"),
+            RecordConfig::new(
+                RecordRequest {
+                    all: false,
+                    pids: vec![u32::MAX - 1],
+                    ..req()
+                },
+                "x"
+            ),
             Err(ConfigError::NoSuchPid { .. })
         ));
-        assert!(matches!(RecordConfig::new(RecordRequest { rate_hz: 0, ..req() }, "x"), Err(ConfigError::BadRate { .. })));
         assert!(matches!(
-            RecordConfig::new(RecordRequest { output: Some("/nonexistent-pyebpf/x.svg".into()), ..req() }, "x"),
+            RecordConfig::new(
+                RecordRequest {
+                    rate_hz: 0,
+                    ..req()
+                },
+                "x"
+            ),
+            Err(ConfigError::BadRate { .. })
+        ));
+        assert!(matches!(
+            RecordConfig::new(
+                RecordRequest {
+                    output: Some("/nonexistent-pyebpf/x.svg".into()),
+                    ..req()
+                },
+                "x"
+            ),
             Err(ConfigError::Output { .. })
         ));
         assert!(matches!(
-            RecordConfig::new(RecordRequest { format: Some("xml".into()), ..req() }, "x"),
+            RecordConfig::new(
+                RecordRequest {
+                    format: Some("xml".into()),
+                    ..req()
+                },
+                "x"
+            ),
             Err(ConfigError::BadFormat { .. })
         ));
-        let e = RecordConfig::new(RecordRequest { native: true, stack_bytes: Some(1 << 20), ..req() }, "x").unwrap_err();
+        let e = RecordConfig::new(
+            RecordRequest {
+                native: true,
+                stack_bytes: Some(1 << 20),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("--stack-size"));
     }
 
     #[test]
     fn format_from_extension() {
-        let c = RecordConfig::new(RecordRequest { output: Some(std::env::temp_dir().join("a.txt")), ..req() }, "x").unwrap();
+        let c = RecordConfig::new(
+            RecordRequest {
+                output: Some(std::env::temp_dir().join("a.txt")),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap();
         assert_eq!(c.format, Format::Collapsed);
     }
 }

@@ -29,6 +29,7 @@ enum Command {
 }
 
 #[derive(Args)]
+#[allow(clippy::struct_excessive_bools, reason = "clap: one field per flag")]
 struct RecordArgs {
     /// Profile every process on the host.
     #[arg(short = 'a', long)]
@@ -55,9 +56,13 @@ struct RecordArgs {
     /// Include kernel frames on top of user frames.
     #[arg(short = 'k', long)]
     kernel: bool,
-    /// Add a level per thread under each process.
+    /// Add a level per thread under each process (Python threads by their `threading` name).
     #[arg(short = 't', long)]
     threads: bool,
+    /// Only samples of threads that hold the GIL (a free-threaded process running without a
+    /// GIL is reported and excluded).
+    #[arg(long)]
+    gil: bool,
     /// With -p: also profile processes the targets start.
     #[arg(short = 's', long)]
     subprocesses: bool,
@@ -113,6 +118,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         native: a.native,
         kernel: a.kernel,
         threads: a.threads,
+        gil: a.gil,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
         progress: !a.quiet && std::io::stderr().is_terminal(),
@@ -124,7 +130,10 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let opts = pyebpf::python::dump::DumpOptions { pid: a.pid, json: a.json };
+    let opts = pyebpf::python::dump::DumpOptions {
+        pid: a.pid,
+        json: a.json,
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     pyebpf::python::dump::run(&opts, &mut out)?;

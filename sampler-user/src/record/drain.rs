@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::collect::{CollectError, Collector, CounterTotals, Event, RawSample};
+use crate::collect::{CollectError, Collector, CounterTotals, Event, ProgramStats, RawSample};
 
 /// Bytes of queued samples we accept before dropping (and counting) new ones.
 const QUEUE_BYTES: usize = 512 << 20;
@@ -33,11 +33,26 @@ pub struct Drain {
     handle: JoinHandle<(Collector, Result<(), CollectError>)>,
 }
 
+/// Queue length for items of `stack_bytes` of stack each (a Python capture adds up to
+/// `PY_MAX_FRAMES` records).
+pub fn queue_capacity(stack_bytes: u32) -> usize {
+    let per_item = stack_bytes as usize + 256 + size_of::<sampler_common::PyCapture>();
+    (QUEUE_BYTES / per_item).clamp(1024, 1 << 20)
+}
+
+/// What the drain thread hands back at the end.
+pub struct Finished {
+    /// Kernel counters.
+    pub counters: CounterTotals,
+    /// Samples dropped because the queue was full.
+    pub dropped: u64,
+    /// Statistics of the sampling program, read after the last sample.
+    pub program: Option<ProgramStats>,
+}
+
 /// Starts draining `collector` into a bounded channel sized for `stack_bytes` per sample.
 pub fn start(mut collector: Collector, stack_bytes: u32) -> (Drain, Receiver<Drained>) {
-    let per_item = stack_bytes as usize + 256;
-    let capacity = (QUEUE_BYTES / per_item).clamp(1024, 1 << 20);
-    let (tx, rx) = sync_channel(capacity);
+    let (tx, rx) = sync_channel(queue_capacity(stack_bytes));
     let stop = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicU64::new(0));
     let (s, d) = (stop.clone(), dropped.clone());
@@ -48,19 +63,40 @@ pub fn start(mut collector: Collector, stack_bytes: u32) -> (Drain, Receiver<Dra
             (collector, r)
         })
         .expect("spawn drain thread");
-    (Drain { stop, dropped, handle }, rx)
+    (
+        Drain {
+            stop,
+            dropped,
+            handle,
+        },
+        rx,
+    )
 }
 
-fn run(c: &mut Collector, tx: &SyncSender<Drained>, stop: &AtomicBool, dropped: &AtomicU64) -> Result<(), CollectError> {
+fn run(
+    c: &mut Collector,
+    tx: &SyncSender<Drained>,
+    stop: &AtomicBool,
+    dropped: &AtomicU64,
+) -> Result<(), CollectError> {
     let mut batch = Vec::new();
     loop {
         // One last poll after the stop request drains what is already in the buffer.
         let stopping = stop.load(Ordering::Acquire);
-        c.poll(if stopping { Duration::ZERO } else { Duration::from_millis(50) }, |ev| batch.push(ev))?;
+        c.poll(
+            if stopping {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(50)
+            },
+            |ev| batch.push(ev),
+        )?;
         for ev in batch.drain(..) {
             let item = match ev {
                 Event::Sample(s) => {
-                    let k = (s.kernel_stack_id >= 0).then(|| c.kernel_stack(s.kernel_stack_id)).flatten();
+                    let k = (s.kernel_stack_id >= 0)
+                        .then(|| c.kernel_stack(s.kernel_stack_id))
+                        .flatten();
                     Drained::Sample(s, k)
                 }
                 other => Drained::Proc(other),
@@ -86,13 +122,17 @@ fn run(c: &mut Collector, tx: &SyncSender<Drained>, stop: &AtomicBool, dropped: 
 }
 
 impl Drain {
-    /// Stops the thread after a final drain; returns the collector's counters and the user-space
-    /// drop count.
-    pub fn finish(self) -> Result<(CounterTotals, u64), CollectError> {
+    /// Stops the thread after a final drain; returns the collector's counters, the user-space
+    /// drop count and the program's statistics. The collector (and its channel end) is dropped.
+    pub fn finish(self) -> Result<Finished, CollectError> {
         self.stop.store(true, Ordering::Release);
         let (collector, result) = self.handle.join().expect("drain thread panicked");
         result?;
-        Ok((collector.counters()?, self.dropped.load(Ordering::Relaxed)))
+        Ok(Finished {
+            counters: collector.counters()?,
+            dropped: self.dropped.load(Ordering::Relaxed),
+            program: collector.program_stats(),
+        })
     }
 
     /// Whether the thread has ended (an error, or the channel closed).

@@ -33,7 +33,11 @@ impl HeldChild {
         // SAFETY: closing our own fd once.
         unsafe { libc::close(self.release_fd) };
         self.release_fd = -1;
-        if n == 1 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     /// Whether the child has exited (reaps it).
@@ -73,16 +77,22 @@ fn resolve(program: &str) -> io::Result<PathBuf> {
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
-    p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Forks `cmd`, holding the child before `execv` until [`HeldChild::release`].
 pub fn spawn_held(cmd: &[String]) -> io::Result<HeldChild> {
-    let (program, _) = cmd.split_first().ok_or_else(|| io::Error::other("empty command"))?;
+    let (program, _) = cmd
+        .split_first()
+        .ok_or_else(|| io::Error::other("empty command"))?;
     let path = resolve(program)?;
     let cpath = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let cargs: Vec<CString> =
-        cmd.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(io::Error::other)?;
+    let cargs: Vec<CString> = cmd
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(io::Error::other)?;
     let mut argv: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut fds = [0; 2];
@@ -124,5 +134,9 @@ pub fn spawn_held(cmd: &[String]) -> io::Result<HeldChild> {
     }
     // SAFETY: closing the child's end in the parent.
     unsafe { libc::close(rfd) };
-    Ok(HeldChild { pid, release_fd: wfd, exited: false })
+    Ok(HeldChild {
+        pid,
+        release_fd: wfd,
+        exited: false,
+    })
 }

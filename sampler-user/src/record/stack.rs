@@ -1,63 +1,94 @@
-//! Per-sample stack building for `record`: raw sample → interned stack in the [`Profile`].
+//! Per-sample stack building for `record`: staged sample → interned stack in the [`Profile`].
 //!
 //! Owns: the frame caches of a run — (pid, address) → frame for native frames, address →
-//! frame for kernel frames, pid → root frame — and the per-run error counts of this stage.
-//! Input: a [`RawSample`] and the process registry. Output: one [`Sample`] in the profile.
+//! frame for kernel frames, pid → root frame, Python frame index → frame — the merge-mismatch
+//! counts (per process too) and the per-run error counts of this stage.
+//! Input: a [`StagedSample`] (Python frames already resolved by the Python stage) and the
+//! process registry. Output: one [`Sample`] in the profile.
 //!
-//! Stack order in the profile is root first: `comm (pid)`, [thread], native user frames
-//! (outermost first), kernel frames on top.
+//! Stack order in the profile is root first: `comm (pid)`, [thread], then
+//! - default: the Python frames, outermost first (nothing for a thread not running Python);
+//! - `--native`: the native user frames, outermost first, with each eval-loop activation
+//!   replaced by the Python frames it ran (`merge`); a sample that cannot be merged exactly
+//!   keeps its native frames, then `[merge mismatch]`, then its Python frames;
+//!
+//! and kernel frames on top.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use sampler_common::sample_flags;
 
-use crate::collect::RawSample;
-use crate::config::RecordConfig;
+use crate::merge::{self, MergeOutcome, NativeItem, PyItem, Role};
 use crate::procs::ProcessRegistry;
 use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample};
 use crate::symbolize::Symbolizer;
 use crate::unwind::NativeUnwinder;
 
+use super::pystage::StagedSample;
+
 /// Maximum native frames per sample; deeper stacks are marked truncated.
 pub const MAX_NATIVE_FRAMES: usize = 256;
+/// The marker between the native and the Python half of an unmergeable sample.
+pub const MISMATCH_MARKER: &str = "[merge mismatch]";
 
-/// Builds profile stacks from raw samples.
+/// What the builder needs from the run's configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildConfig {
+    /// `--native`.
+    pub native: bool,
+    /// `--kernel`.
+    pub kernel: bool,
+    /// `--threads`.
+    pub threads: bool,
+}
+
+/// Builds profile stacks from staged samples.
 pub struct StackBuilder {
-    native: bool,
-    kernel: bool,
-    threads: bool,
+    cfg: BuildConfig,
     unwinder: NativeUnwinder,
     symbolizer: Symbolizer,
     native_frames: HashMap<(u32, u64), FrameId>,
     kernel_frames: HashMap<u64, FrameId>,
     roots: HashMap<u32, (Arc<str>, FrameId)>,
     thread_names: HashMap<u32, Arc<str>>,
+    /// Python frame index (from the Python stage) → profile frame.
+    py_frames: Vec<FrameId>,
     errors: BTreeMap<String, u64>,
+    mismatches: HashMap<u32, u64>,
     scratch: Vec<FrameId>,
+    native_scratch: Vec<NativeItem<FrameId>>,
+    py_scratch: Vec<PyItem<FrameId>>,
 }
 
 impl StackBuilder {
     /// A builder for one run.
-    pub fn new(cfg: &RecordConfig) -> Self {
+    pub fn new(cfg: BuildConfig) -> Self {
         StackBuilder {
-            native: cfg.native,
-            kernel: cfg.kernel,
-            threads: cfg.threads,
+            cfg,
             unwinder: NativeUnwinder::new(),
             symbolizer: Symbolizer::new(),
             native_frames: HashMap::new(),
             kernel_frames: HashMap::new(),
             roots: HashMap::new(),
             thread_names: HashMap::new(),
+            py_frames: Vec::new(),
             errors: BTreeMap::new(),
+            mismatches: HashMap::new(),
             scratch: Vec::new(),
+            native_scratch: Vec::new(),
+            py_scratch: Vec::new(),
         }
     }
 
     /// Errors counted by this stage, by kind.
     pub fn errors(&self) -> &BTreeMap<String, u64> {
         &self.errors
+    }
+
+    /// Merge mismatches by pid.
+    pub fn mismatches(&self) -> &HashMap<u32, u64> {
+        &self.mismatches
     }
 
     fn count(&mut self, kind: &str) {
@@ -73,28 +104,80 @@ impl StackBuilder {
     }
 
     /// Adds one sample to the profile.
-    pub fn add(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, kernel: Option<&[u64]>, s: RawSample) {
+    pub fn add(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, s: StagedSample) {
+        let StagedSample {
+            raw: s,
+            kernel,
+            py,
+            thread_name,
+            new_frames,
+        } = s;
+        for f in new_frames {
+            self.py_frames.push(profile.intern_frame(f));
+        }
         let thread_comm = comm_str(&s.comm);
-        let comm: Arc<str> = match registry.get_or_load(s.pid) {
-            Some(p) => p.comm.as_str().into(),
-            None => {
-                self.count("process_gone");
-                // The main thread's comm is the process name; others' are thread names.
-                thread_comm.as_str().into()
-            }
+        let comm: Arc<str> = if let Some(p) = registry.get_or_load(s.pid) {
+            p.comm.as_str().into()
+        } else {
+            self.count("process_gone");
+            // The main thread's comm is the process name; others' are thread names.
+            thread_comm.as_str().into()
         };
         let mut stack = std::mem::take(&mut self.scratch);
         stack.clear();
         stack.push(self.root_frame(profile, s.pid, &comm));
-        let thread_name = self.thread_name(s.tid, &thread_comm);
-        if self.threads {
-            stack.push(profile.intern_frame(Frame::new(FrameKind::Thread, format!("{thread_name} ({})", s.tid))));
+        let thread_name = thread_name.unwrap_or_else(|| self.thread_name(s.tid, &thread_comm));
+        if self.cfg.threads {
+            let label = format!("{thread_name} ({})", s.tid);
+            stack.push(profile.intern_frame(Frame::new(FrameKind::Thread, label)));
         }
-        if self.native {
-            self.push_native(profile, registry, &s, &mut stack);
+        let mut py_items = std::mem::take(&mut self.py_scratch);
+        py_items.clear();
+        for item in py.iter().flat_map(|p| &p.items) {
+            py_items.push(match *item {
+                PyItem::Frame(f) => {
+                    PyItem::Frame(if let Some(id) = self.py_frames.get(f.0 as usize) {
+                        *id
+                    } else {
+                        // Cannot happen (numbers travel before their first use); never guess.
+                        *self.errors.entry("python_frame_index".into()).or_default() += 1;
+                        profile.intern_frame(Frame::new(
+                            FrameKind::Python,
+                            super::pyproc::UNKNOWN_PY_FRAME,
+                        ))
+                    })
+                }
+                PyItem::Entry => PyItem::Entry,
+            });
         }
-        if self.kernel {
-            self.push_kernel(profile, kernel, &s, &mut stack);
+        if self.cfg.native {
+            let ranges = py.as_ref().and_then(|p| p.eval.clone());
+            let truncated = self.unwind(profile, registry, &s, ranges.as_deref());
+            if truncated {
+                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
+            }
+            let native = std::mem::take(&mut self.native_scratch);
+            if py.is_some() {
+                let marker = profile.intern_frame(Frame::new(FrameKind::Marker, MISMATCH_MARKER));
+                if let MergeOutcome::Mismatch { .. } =
+                    merge::merge(&native, &py_items, marker, &mut stack)
+                {
+                    self.count("merge_mismatch");
+                    *self.mismatches.entry(s.pid).or_default() += 1;
+                }
+            } else {
+                stack.extend(native.iter().rev().map(|n| n.frame));
+            }
+            self.native_scratch = native;
+        } else if let Some(py) = &py {
+            if py.truncated {
+                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
+            }
+            merge::python_only(&py_items, &mut stack);
+        }
+        self.py_scratch = py_items;
+        if self.cfg.kernel {
+            self.push_kernel(profile, kernel.as_deref(), &s, &mut stack);
         }
         let id = profile.intern_stack(&stack);
         self.scratch = stack;
@@ -121,58 +204,72 @@ impl StackBuilder {
     }
 
     fn thread_name(&mut self, tid: u32, comm: &str) -> Arc<str> {
-        match self.thread_names.get(&tid) {
-            Some(n) if &**n == comm => n.clone(),
-            _ => {
-                let n: Arc<str> = comm.into();
-                self.thread_names.insert(tid, n.clone());
-                n
-            }
+        if let Some(n) = self.thread_names.get(&tid)
+            && &**n == comm
+        {
+            return n.clone();
         }
+        let n: Arc<str> = comm.into();
+        self.thread_names.insert(tid, n.clone());
+        n
     }
 
-    fn push_native(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, s: &RawSample, out: &mut Vec<FrameId>) {
+    /// Unwinds and symbolizes the native stack into `native_scratch` (innermost first, with
+    /// eval-loop roles from `ranges`). Returns whether it was truncated.
+    fn unwind(
+        &mut self,
+        profile: &mut Profile,
+        registry: &mut ProcessRegistry,
+        s: &crate::collect::RawSample,
+        ranges: Option<&merge::EvalRanges>,
+    ) -> bool {
+        self.native_scratch.clear();
         if s.flags & sample_flags::KERNEL_THREAD != 0 {
-            return;
+            return false;
         }
         let Some(copy) = s.stack.as_ref().filter(|c| !c.bytes.is_empty()) else {
             self.count("no_user_stack");
-            return;
+            return false;
         };
-        let native = self.unwinder.unwind(registry, s.pid, &s.regs, copy, MAX_NATIVE_FRAMES);
+        let native = self
+            .unwinder
+            .unwind(registry, s.pid, &s.regs, copy, MAX_NATIVE_FRAMES);
         if let Some(e) = &native.error {
             self.count(e.kind());
         }
-        let start = out.len();
-        if native.truncated {
-            out.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
-        }
         let Some(proc) = registry.get(s.pid) else {
-            return;
+            return native.truncated;
         };
-        for f in native.frames.iter().rev() {
+        for f in &native.frames {
             let addr = f.lookup_address();
-            let id = match self.native_frames.get(&(s.pid, addr)) {
-                Some(id) => *id,
-                None => {
-                    let sym = self.symbolizer.native(proc, addr);
-                    let mut frame = Frame::new(FrameKind::Native, sym.name.as_str());
-                    frame.module = Some(sym.module.as_str().into());
-                    frame.file = sym.file.as_deref().map(Into::into);
-                    frame.line = sym.line;
-                    let id = profile.intern_frame(frame);
-                    self.native_frames.insert((s.pid, addr), id);
-                    id
-                }
+            let id = if let Some(id) = self.native_frames.get(&(s.pid, addr)) {
+                *id
+            } else {
+                let sym = self.symbolizer.native(proc, addr);
+                let mut frame = Frame::new(FrameKind::Native, sym.name.as_str());
+                frame.module = Some(sym.module.as_str().into());
+                frame.file = sym.file.as_deref().map(Into::into);
+                frame.line = sym.line;
+                let id = profile.intern_frame(frame);
+                self.native_frames.insert((s.pid, addr), id);
+                id
             };
-            out.push(id);
+            let role = ranges.map_or(Role::Other, |r| r.role(addr));
+            self.native_scratch.push(NativeItem { frame: id, role });
         }
-        if out.len() == start {
-            self.count("no_native_frames");
+        if self.native_scratch.is_empty() {
+            *self.errors.entry("no_native_frames".into()).or_default() += 1;
         }
+        native.truncated
     }
 
-    fn push_kernel(&mut self, profile: &mut Profile, kernel: Option<&[u64]>, s: &RawSample, out: &mut Vec<FrameId>) {
+    fn push_kernel(
+        &mut self,
+        profile: &mut Profile,
+        kernel: Option<&[u64]>,
+        s: &crate::collect::RawSample,
+        out: &mut Vec<FrameId>,
+    ) {
         if s.kernel_stack_id < 0 {
             return; // user-mode sample: no kernel frames (not an error)
         }
@@ -181,14 +278,13 @@ impl StackBuilder {
             return;
         };
         for &addr in addrs.iter().rev() {
-            let id = match self.kernel_frames.get(&addr) {
-                Some(id) => *id,
-                None => {
-                    let sym = self.symbolizer.kernel(addr);
-                    let id = profile.intern_frame(Frame::new(FrameKind::Kernel, sym.name.as_str()));
-                    self.kernel_frames.insert(addr, id);
-                    id
-                }
+            let id = if let Some(id) = self.kernel_frames.get(&addr) {
+                *id
+            } else {
+                let sym = self.symbolizer.kernel(addr);
+                let id = profile.intern_frame(Frame::new(FrameKind::Kernel, sym.name.as_str()));
+                self.kernel_frames.insert(addr, id);
+                id
             };
             out.push(id);
         }

@@ -1,10 +1,32 @@
 //! The progress line during a run and the summary after it.
+//!
+//! The summary: the global lines (samples, processes, lost samples, errors — e2e tests parse
+//! them), then one line per Python process (samples, full Python stacks, truncated, merge
+//! mismatches, errors by kind), then the cost of the eBPF sampling program.
 
+use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::time::Duration;
 
+use crate::collect::ProgramStats;
 use crate::config::RecordConfig;
 use crate::profile::Profile;
+
+use super::pyproc::PyProcStats;
+
+/// Most Python processes listed one per line; the rest are summed in one line.
+const MAX_PROC_LINES: usize = 50;
+
+/// One Python process in the summary.
+#[derive(Clone, Debug)]
+pub struct PyProcLine {
+    /// Host pid.
+    pub pid: u32,
+    /// Counts of the Python stage.
+    pub stats: PyProcStats,
+    /// Samples that could not be merged exactly (`--native`).
+    pub merge_mismatches: u64,
+}
 
 /// What a finished run reports on stderr.
 #[derive(Clone, Debug)]
@@ -25,6 +47,14 @@ pub struct RecordSummary {
     pub rate_hz: u64,
     /// CPUs sampled.
     pub cpus: usize,
+    /// Python processes, most samples first.
+    pub python: Vec<PyProcLine>,
+    /// Python processes beyond the per-process bound of the stage, summed.
+    pub python_overflow: Option<PyProcStats>,
+    /// The eBPF sampling program's statistics.
+    pub program: Option<ProgramStats>,
+    /// User-space cost: (samples, time) of the Python stage and of the stack builder.
+    pub user_cost: Option<[(u64, Duration); 2]>,
 }
 
 impl RecordSummary {
@@ -39,6 +69,10 @@ impl RecordSummary {
             interrupted,
             rate_hz: cfg.rate_hz,
             cpus: p.meta.cpus,
+            python: Vec::new(),
+            python_overflow: None,
+            program: None,
+            user_cost: None,
         }
     }
 
@@ -52,17 +86,114 @@ impl RecordSummary {
             self.duration_s,
             self.rate_hz,
             self.cpus,
-            if self.interrupted { ", stopped early" } else { "" }
+            if self.interrupted {
+                ", stopped early"
+            } else {
+                ""
+            }
         )?;
         writeln!(w, "pyebpf: lost samples: {}", self.lost_samples)?;
         if self.errors.is_empty() {
             writeln!(w, "pyebpf: errors: none")?;
         } else {
-            let list: Vec<String> = self.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let list: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
             writeln!(w, "pyebpf: errors: {}", list.join(", "))?;
+        }
+        let mut lines: Vec<&PyProcLine> = self.python.iter().collect();
+        lines.sort_by_key(|l| (std::cmp::Reverse(l.stats.samples), l.pid));
+        for l in lines.iter().take(MAX_PROC_LINES) {
+            writeln!(
+                w,
+                "pyebpf: python {}",
+                proc_line(Some(l.pid), &l.stats, l.merge_mismatches)
+            )?;
+        }
+        let mut rest = self.python_overflow.clone().unwrap_or_default();
+        let mut rest_mismatches = 0;
+        let mut rest_count = 0;
+        for l in lines.iter().skip(MAX_PROC_LINES) {
+            super::pytrack::merge_stats(&mut rest, &l.stats);
+            rest_mismatches += l.merge_mismatches;
+            rest_count += 1;
+        }
+        if rest_count > 0 || self.python_overflow.is_some() {
+            writeln!(
+                w,
+                "pyebpf: python (other processes) {}",
+                proc_line(None, &rest, rest_mismatches)
+            )?;
+        }
+        if let Some(p) = &self.program {
+            writeln!(w, "pyebpf: {}", program_line(p))?;
+        }
+        if let Some([(py_n, py_t), (st_n, st_t)]) = self.user_cost {
+            let per = |n: u64, t: Duration| {
+                if n == 0 {
+                    0.0
+                } else {
+                    t.as_secs_f64() * 1e6 / n as f64
+                }
+            };
+            writeln!(
+                w,
+                "pyebpf: user space: python stage {:.1} µs per sample ({py_n} samples), stack building {:.1} µs per sample ({st_n} samples)",
+                per(py_n, py_t),
+                per(st_n, st_t)
+            )?;
         }
         Ok(())
     }
+}
+
+/// `comm (pid) 3.12: N samples, N with a full Python stack, …`.
+fn proc_line(pid: Option<u32>, s: &PyProcStats, mismatches: u64) -> String {
+    let mut out = match pid {
+        Some(pid) => format!("{} ({pid}) {}: ", s.comm, s.version),
+        None => String::new(),
+    };
+    let _ = write!(
+        out,
+        "{} samples, {} with a full Python stack, {} truncated, {} not running Python, {} merge mismatches",
+        s.samples, s.full, s.truncated, s.no_tstate, mismatches
+    );
+    if s.gil_excluded {
+        out.push_str(", excluded by --gil (free-threaded, GIL disabled)");
+    } else if s.gil_dropped > 0 {
+        let _ = write!(out, ", {} dropped by --gil", s.gil_dropped);
+    }
+    if s.errors.is_empty() {
+        out.push_str(", errors: none");
+    } else {
+        let list: Vec<String> = s.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = write!(out, ", errors: {}", list.join(", "));
+    }
+    out
+}
+
+/// The eBPF program's cost: mean run time per sample first (the e2e tests read the number
+/// before "ns"), then the instruction count.
+fn program_line(p: &ProgramStats) -> String {
+    let per_run = match (p.run_time_ns, p.run_count) {
+        (Some(t), Some(n)) if n > 0 => format!(
+            "{:.0} ns per sample (mean of {n} runs)",
+            t as f64 / n as f64
+        ),
+        _ => "run time unavailable (kernel.bpf_stats_enabled could not be set)".to_string(),
+    };
+    let insns = p.verified_insns.unwrap_or(p.translated_insns);
+    format!(
+        "eBPF sampling program: {per_run}, {insns} instructions {}, {} bytes JIT-compiled",
+        if p.verified_insns.is_some() {
+            "verified"
+        } else {
+            "after rewrites"
+        },
+        p.jited_bytes
+    )
 }
 
 /// One-line progress display on stderr (only when it is a terminal).
@@ -115,6 +246,10 @@ mod tests {
             interrupted: true,
             rate_hz: 99,
             cpus: 2,
+            python: Vec::new(),
+            python_overflow: None,
+            program: None,
+            user_cost: None,
         };
         let mut buf = Vec::new();
         s.print(&mut buf).unwrap();
@@ -122,5 +257,63 @@ mod tests {
         assert!(t.contains("lost samples: 0"), "{t}");
         assert!(t.contains("process_gone 3"));
         assert!(t.contains("stopped early"));
+    }
+
+    #[test]
+    fn per_process_lines_and_program_cost() {
+        let mut stats = PyProcStats {
+            comm: "python3.12".into(),
+            version: "3.12".into(),
+            samples: 300,
+            full: 297,
+            truncated: 1,
+            ..PyProcStats::default()
+        };
+        stats.count("torn_instr_ptr");
+        let s = RecordSummary {
+            samples: 300,
+            processes: 1,
+            duration_s: 3.0,
+            lost_samples: 0,
+            errors: Vec::new(),
+            interrupted: false,
+            rate_hz: 99,
+            cpus: 2,
+            python: vec![PyProcLine {
+                pid: 42,
+                stats,
+                merge_mismatches: 2,
+            }],
+            python_overflow: None,
+            program: Some(ProgramStats {
+                run_time_ns: Some(1_500_000),
+                run_count: Some(600),
+                translated_insns: 4000,
+                jited_bytes: 20000,
+                verified_insns: Some(123_456),
+            }),
+            user_cost: None,
+        };
+        let mut buf = Vec::new();
+        s.print(&mut buf).unwrap();
+        let t = String::from_utf8(buf).unwrap();
+        assert!(t.contains("lost samples: 0"), "{t}");
+        let line = t.lines().find(|l| l.contains("(42)")).unwrap();
+        for want in [
+            "python3.12 (42) 3.12",
+            "300 samples",
+            "297 with a full Python stack",
+            "1 truncated",
+            "2 merge mismatches",
+            "torn_instr_ptr 1",
+        ] {
+            assert!(line.contains(want), "{want} missing: {line}");
+        }
+        let prog = t.lines().find(|l| l.contains("instructions")).unwrap();
+        assert!(prog.contains("2500 ns per sample"), "{prog}");
+        assert!(prog.contains("123456 instructions verified"), "{prog}");
+        // "ns" must first appear right after the per-sample time.
+        let at = prog.find("ns").unwrap();
+        assert!(prog[..at].trim_end().ends_with("2500"), "{prog}");
     }
 }

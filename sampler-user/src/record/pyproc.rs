@@ -1,0 +1,313 @@
+//! One Python process during `record`: its attached reader, the caches that make per-sample
+//! work a hash lookup, and its counts for the per-process summary.
+//!
+//! Owns: [`PyProc`] (the [`PythonProcess`], its eval-loop ranges, a (executable, instr_ptr,
+//! tlbc_index) → frame cache, a tid → thread-name cache) and [`FrameTable`] (unique Python
+//! frames of the run, numbered; new ones travel to the stack builder with the next sample).
+//! Input: the frames the eBPF program captured for one sample ([`PyCaptured`]). Output: a
+//! [`PyStack`] — frames innermost first, entry frames kept as merge delimiters, the `__init__`
+//! shim dropped, unresolvable frames as `[unknown python frame]`.
+//! Constraints: resolution happens when the sample arrives (milliseconds after it was taken),
+//! so a process that exits later keeps its names; every failure is counted by kind in
+//! [`PyProcStats`]; caches are bounded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sampler_common::py_flags;
+
+use crate::collect::PyCaptured;
+use crate::merge::{EvalRanges, PyItem};
+use crate::profile::{Frame, FrameKind};
+use crate::python::walker::code_from_executable;
+use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
+
+/// Label of a captured frame that could not be resolved.
+pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
+/// Most cached (executable, instr_ptr, tlbc_index) keys per process (cleared when full).
+const MAX_FRAME_KEYS: usize = 1 << 16;
+/// Most cached thread names per process (cleared when full).
+const MAX_THREAD_NAMES: usize = 4096;
+/// Samples without a capture this soon after the attach are expected (taken before the
+/// kernel knew the process); later ones are counted.
+pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
+/// Least time between two thread-list reads of one process (for names of new threads).
+const THREADS_EVERY: Duration = Duration::from_millis(100);
+/// Lookups of a Python thread's `threading` name before its OS name is final.
+const NAME_TRIES: u8 = 4;
+
+/// Index of a unique Python frame in the run's [`FrameTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PyFrameIdx(pub u32);
+
+/// Unique Python frames of the run. Indices are dense and assigned in order; frames not yet
+/// sent to the stack builder wait in `pending`.
+#[derive(Debug, Default)]
+pub struct FrameTable {
+    ids: HashMap<Frame, PyFrameIdx>,
+    pending: Vec<Frame>,
+}
+
+impl FrameTable {
+    /// The index of `frame`, numbering it if new.
+    pub fn intern(&mut self, frame: Frame) -> PyFrameIdx {
+        if let Some(i) = self.ids.get(&frame) {
+            return *i;
+        }
+        let i = PyFrameIdx(self.ids.len() as u32);
+        self.pending.push(frame.clone());
+        self.ids.insert(frame, i);
+        i
+    }
+
+    /// Frames numbered since the last call, in index order.
+    pub fn take_new(&mut self) -> Vec<Frame> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// The Python part of one sample, for the stack builder.
+#[derive(Clone, Debug, Default)]
+pub struct PyStack {
+    /// Innermost first; entry frames as [`PyItem::Entry`].
+    pub items: Vec<PyItem<PyFrameIdx>>,
+    /// The capture stopped at the frame cap or at a read error: outer frames are missing.
+    pub truncated: bool,
+    /// The process's eval-loop ranges (for `--native`), if known.
+    pub eval: Option<Arc<EvalRanges>>,
+}
+
+/// Counts of one Python process, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct PyProcStats {
+    /// Process name at attach.
+    pub comm: String,
+    /// "3.12", "3.13t", …
+    pub version: String,
+    /// Samples of the process since it was attached.
+    pub samples: u64,
+    /// Samples whose whole Python stack was captured and resolved.
+    pub full: u64,
+    /// Samples cut at the frame cap.
+    pub truncated: u64,
+    /// Samples of threads without a thread state (not running Python).
+    pub no_tstate: u64,
+    /// Samples dropped by `--gil`.
+    pub gil_dropped: u64,
+    /// Excluded from a `--gil` run (free-threaded, GIL disabled).
+    pub gil_excluded: bool,
+    /// Failures by kind.
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+impl PyProcStats {
+    /// Counts one failure of `kind`.
+    pub fn count(&mut self, kind: &'static str) {
+        *self.errors.entry(kind).or_default() += 1;
+    }
+
+    /// Adds what the reader counted between `before` and `after`.
+    fn count_reader(&mut self, before: &ErrorCounts, after: &ErrorCounts) {
+        for k in ErrorKind::ALL {
+            let n = after.get(k).saturating_sub(before.get(k));
+            if n > 0 {
+                *self.errors.entry(k.name()).or_default() += n;
+            }
+        }
+    }
+}
+
+/// An attached Python process.
+pub struct PyProc {
+    /// The reader.
+    pub process: PythonProcess,
+    /// Eval-loop ranges (computed with `--native` only).
+    pub eval: Option<Arc<EvalRanges>>,
+    /// Counts for the summary.
+    pub stats: PyProcStats,
+    /// When it was attached (and announced to the kernel).
+    pub attached_at: Instant,
+    /// When its exit was seen (caches are dropped a little later).
+    pub exited_at: Option<Instant>,
+    /// Frames owned `>= first_shim_owner` are entry frames.
+    first_shim_owner: u8,
+    /// `_PyStackRef` tag bits of `f_executable`.
+    tag_mask: u64,
+    /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
+    /// eval-loop activation).
+    has_base_frame: bool,
+    frames: HashMap<(u64, u64, i32), Option<PyFrameIdx>>,
+    thread_names: HashMap<u32, Arc<str>>,
+    /// Threads named by their OS name while they ran Python: looked up again (tries so far).
+    provisional: HashMap<u32, u8>,
+    threads_read_at: Option<Instant>,
+}
+
+/// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (cpython-layouts §3.4): dropped.
+fn is_init_shim(f: &PyFrame) -> bool {
+    f.first_line == 0 && f.line == -1 && f.function == "__init__" && f.file == "__init__"
+}
+
+fn python_frame(f: PyFrame) -> Frame {
+    let mut frame = Frame::new(FrameKind::Python, f.function);
+    frame.file = Some(f.file.into());
+    frame.line = u32::try_from(f.line).ok();
+    frame
+}
+
+impl PyProc {
+    /// Wraps an attached process.
+    pub fn new(process: PythonProcess, comm: String, eval: Option<Arc<EvalRanges>>) -> Self {
+        let l = process.layout();
+        let stats = PyProcStats {
+            comm,
+            version: l.version.short(),
+            ..PyProcStats::default()
+        };
+        PyProc {
+            first_shim_owner: l.frame.first_shim_owner,
+            tag_mask: l.frame.stackref_tag_mask,
+            has_base_frame: l.table.iter().any(|(n, _)| *n == "thread_state.base_frame"),
+            process,
+            eval,
+            stats,
+            attached_at: Instant::now(),
+            exited_at: None,
+            frames: HashMap::new(),
+            thread_names: HashMap::new(),
+            provisional: HashMap::new(),
+            threads_read_at: None,
+        }
+    }
+
+    /// Resolves one captured stack.
+    pub fn resolve(&mut self, cap: &PyCaptured, table: &mut FrameTable) -> PyStack {
+        self.stats.samples += 1;
+        let mut out = PyStack {
+            items: Vec::with_capacity(cap.frames.len()),
+            truncated: cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
+            eval: self.eval.clone(),
+        };
+        if cap.flags & py_flags::NO_TSTATE != 0 {
+            self.stats.no_tstate += 1;
+            return out;
+        }
+        if cap.flags & py_flags::CAPTURED == 0 {
+            self.stats.count("not_captured");
+            return out;
+        }
+        if cap.flags & py_flags::TRUNCATED != 0 {
+            self.stats.truncated += 1;
+        }
+        if cap.flags & py_flags::READ_ERROR != 0 {
+            self.stats.count("kernel_read_error");
+        }
+        let mut unknown = false;
+        for rec in &cap.frames {
+            if rec.owner >= self.first_shim_owner {
+                out.items.push(PyItem::Entry);
+                continue;
+            }
+            match self.frame(rec.executable, rec.instr_ptr, rec.tlbc_index, table) {
+                Ok(Some(i)) => out.items.push(PyItem::Frame(i)),
+                Ok(None) => {} // the `__init__` shim
+                Err(()) => {
+                    unknown = true;
+                    out.items.push(PyItem::Frame(
+                        table.intern(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
+                    ));
+                }
+            }
+        }
+        // 3.15: a complete chain ends in the base frame right after the outermost entry frame;
+        // it belongs to no activation.
+        if self.has_base_frame
+            && !out.truncated
+            && matches!(out.items[..], [.., PyItem::Entry, PyItem::Entry])
+        {
+            out.items.pop();
+        }
+        let has_frames = out.items.iter().any(|i| matches!(i, PyItem::Frame(_)));
+        if !out.truncated && !unknown && has_frames {
+            self.stats.full += 1;
+        }
+        out
+    }
+
+    /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable.
+    fn frame(
+        &mut self,
+        executable: u64,
+        instr_ptr: u64,
+        tlbc_index: i32,
+        table: &mut FrameTable,
+    ) -> Result<Option<PyFrameIdx>, ()> {
+        let key = (executable, instr_ptr, tlbc_index);
+        if let Some(hit) = self.frames.get(&key) {
+            return Ok(*hit);
+        }
+        let Some(code) = code_from_executable(executable, self.tag_mask) else {
+            self.stats.count("bad_executable");
+            return Err(());
+        };
+        let before = self.process.error_counts().clone();
+        let resolved = self.process.resolve_frame(code, instr_ptr, tlbc_index);
+        self.stats
+            .count_reader(&before, self.process.error_counts());
+        // Failures are not cached: a code object being created or a racing read may succeed
+        // next time, and they are rare.
+        let frame = resolved.map_err(|_| ())?;
+        let value = (!is_init_shim(&frame)).then(|| table.intern(python_frame(frame)));
+        if self.frames.len() >= MAX_FRAME_KEYS {
+            self.frames.clear();
+        }
+        self.frames.insert(key, value);
+        Ok(value)
+    }
+
+    /// The `threading` name of host thread `tid`, else its OS name. `python_thread` says
+    /// whether the sample showed it running Python: then a name not found in `threading` yet
+    /// (a thread that just started) is looked up again a few times.
+    pub fn thread_name(&mut self, tid: u32, python_thread: bool) -> Option<Arc<str>> {
+        let now = Instant::now();
+        let may_read = self
+            .threads_read_at
+            .is_none_or(|t| now.duration_since(t) >= THREADS_EVERY);
+        match (self.thread_names.get(&tid), self.provisional.get(&tid)) {
+            (Some(n), None) => return Some(n.clone()),
+            (Some(n), Some(_)) if !may_read => return Some(n.clone()),
+            _ => {}
+        }
+        if may_read {
+            self.threads_read_at = Some(now);
+            let before = self.process.error_counts().clone();
+            let threads = self.process.threads();
+            self.stats
+                .count_reader(&before, self.process.error_counts());
+            if self.thread_names.len() >= MAX_THREAD_NAMES {
+                self.thread_names.clear();
+                self.provisional.clear();
+            }
+            for t in threads.unwrap_or_default() {
+                if let (Some(host), Some(name)) = (t.host_tid, t.name) {
+                    self.thread_names.insert(host, name.into());
+                    self.provisional.remove(&host);
+                }
+            }
+            if let Some(n) = self.thread_names.get(&tid)
+                && !self.provisional.contains_key(&tid)
+            {
+                return Some(n.clone());
+            }
+        }
+        let os: Arc<str> = crate::python::os_thread_name(self.process.pid(), tid)?.into();
+        self.thread_names.insert(tid, os.clone());
+        let tries = self.provisional.entry(tid).or_insert(0);
+        *tries += 1;
+        if !python_thread || *tries >= NAME_TRIES {
+            self.provisional.remove(&tid);
+        }
+        Some(os)
+    }
+}

@@ -1,0 +1,195 @@
+//! Live tests of [`PyProc::resolve`]: a capture is taken the way the eBPF program takes it —
+//! only the `PyProcInfo` offsets, from the thread-state list down the frame chain, raw
+//! `f_executable`/`instr_ptr`/`owner` per frame — from a real interpreter parked in
+//! `<module> → outer → sorted(key=key) → key → inner`, then resolved: the names, the two
+//! entry-frame groups (Python → C → Python), and on 3.15 the dropped base frame.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use sampler_common::{PY_NO_OFFSET, PyFrameRecord, PyProcInfo, py_flags};
+
+use super::pyproc::{FrameTable, PyProc};
+use crate::collect::PyCaptured;
+use crate::merge::{PyItem, python_groups, python_only};
+use crate::python::PythonProcess;
+use crate::python::kernel::kernel_info;
+use crate::python::memory::{ProcessMemory, ReadMemory};
+
+const SCRIPT: &str = "import threading, time\n\
+def inner():\n    print(threading.get_native_id(), flush=True)\n    time.sleep(600)\n\
+def key(x):\n    inner()\n    return x\n\
+def outer():\n    sorted([1], key=key)\n\
+outer()\n";
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const SID: &str = "/var/cache/pyebpf-test/roots/sid";
+
+/// (name, interpreter, chroot).
+const PYTHONS: [(&str, &str, Option<&str>); 6] = [
+    ("3.12", "/root/.pyenv/versions/3.12.1/bin/python3.12", None),
+    ("3.13", "/root/.pyenv/versions/3.13.0/bin/python3.13", None),
+    (
+        "3.13t",
+        "/var/cache/pyebpf-test/pythons/3.13t/bin/python3.13t",
+        None,
+    ),
+    (
+        "3.13t-static",
+        "/var/cache/pyebpf-test/pythons/3.13t-static/bin/python3.13t",
+        None,
+    ),
+    ("3.14", "/usr/bin/python3.14", Some(SID)),
+    ("3.15", "/usr/bin/python3.15", Some(SID)),
+];
+
+fn start(name: &str, python: &str, root: Option<&str>) -> Option<(Killed, u64)> {
+    let host = format!("{}{python}", root.unwrap_or(""));
+    if !std::path::Path::new(&host).exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name} missing under CI=true"
+        );
+        eprintln!("SKIPPED: interpreter {name} not found at {host}");
+        return None;
+    }
+    let mut cmd = match root {
+        Some(r) => {
+            let mut c = Command::new("chroot");
+            c.args([r, python]);
+            c
+        }
+        None => Command::new(python),
+    };
+    let mut child = cmd
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let out = child.stdout.take().unwrap();
+    let child = Killed(child);
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).unwrap();
+    // The print is one line before the sleep: let the thread get there.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let tid = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {line:?}"));
+    Some((child, tid))
+}
+
+/// The eBPF program's walk, in user space: thread `tid`'s frames, innermost first.
+fn capture(mem: &ProcessMemory, info: &PyProcInfo, tid: u64) -> PyCaptured {
+    let at = |addr: u64, off: u32| addr.wrapping_add(u64::from(off));
+    let word = |addr: u64, off: u32| mem.read_u64(at(addr, off)).unwrap();
+    let interp = word(info.runtime_addr, info.interpreters_head);
+    let mut ts = word(interp, info.threads_head);
+    while ts != 0 && word(ts, info.tstate_native_thread_id) != tid {
+        ts = word(ts, info.tstate_next);
+    }
+    assert_ne!(ts, 0, "thread {tid} not in the thread list");
+    let mut frame = word(ts, info.tstate_current_frame);
+    if info.cframe_current_frame != PY_NO_OFFSET {
+        frame = word(frame, info.cframe_current_frame);
+    }
+    let mut frames = Vec::new();
+    while frame != 0 && frames.len() < 256 {
+        let mut owner = [0u8];
+        mem.read(at(frame, info.frame_owner), &mut owner).unwrap();
+        frames.push(PyFrameRecord {
+            executable: word(frame, info.frame_executable),
+            instr_ptr: word(frame, info.frame_instr_ptr),
+            tlbc_index: 0,
+            owner: owner[0],
+            _pad: [0; 3],
+        });
+        frame = word(frame, info.frame_previous);
+    }
+    PyCaptured {
+        tstate: ts,
+        frames,
+        flags: py_flags::CAPTURED,
+        gil_holder: 0,
+        gil_locked: -1,
+        gil_enabled: -1,
+    }
+}
+
+#[test]
+fn captured_frames_resolve_into_two_activations() {
+    for (name, python, root) in PYTHONS {
+        let Some((child, tid)) = start(name, python, root) else {
+            continue;
+        };
+        let pid = child.0.id();
+        // The chroot wrapper execs the interpreter: same pid.
+        let process = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let info = kernel_info(&process).unwrap();
+        let mem = ProcessMemory::new(pid);
+        let cap = capture(&mem, &info, tid);
+        let mut p = PyProc::new(process, name.into(), None);
+        let mut table = FrameTable::default();
+        let stack = p.resolve(&cap, &mut table);
+        let frames = table.take_new();
+        let mut names = Vec::new();
+        python_only(&stack.items, &mut names);
+        let labels: Vec<String> = names.iter().map(|i| frames[i.0 as usize].label()).collect();
+        let fns: Vec<&str> = names.iter().map(|i| &*frames[i.0 as usize].name).collect();
+        assert_eq!(
+            fns,
+            ["<module>", "outer", "key", "inner"],
+            "{name}: {labels:?}"
+        );
+        assert!(
+            labels[3].ends_with("(<string>:4)"),
+            "{name}: inner's line: {labels:?}"
+        );
+        assert!(
+            labels[1].ends_with("(<string>:9)"),
+            "{name}: outer's line: {labels:?}"
+        );
+        assert_eq!(
+            python_groups(&stack.items),
+            2,
+            "{name}: Python → sorted → Python"
+        );
+        assert!(
+            matches!(stack.items.last(), Some(PyItem::Entry)),
+            "{name}: bottom entry"
+        );
+        assert!(!stack.truncated);
+        assert_eq!(
+            (p.stats.samples, p.stats.full),
+            (1, 1),
+            "{name}: {:?}",
+            p.stats
+        );
+        assert!(p.stats.errors.is_empty(), "{name}: {:?}", p.stats.errors);
+        // Second time: every frame from the cache, no new frames numbered.
+        let again = p.resolve(&cap, &mut table);
+        assert_eq!(again.items, stack.items);
+        assert!(table.take_new().is_empty());
+        // An unreadable code object is an unknown frame, counted, never a wrong name.
+        let mut bad = cap.clone();
+        bad.frames[0].executable = 0x10;
+        let s = p.resolve(&bad, &mut table);
+        let new = table.take_new();
+        assert!(
+            matches!(s.items[0], PyItem::Frame(i) if &*new[0].name == "[unknown python frame]" && i.0 as usize == frames.len())
+        );
+        assert!(!p.stats.errors.is_empty(), "{name}: failure counted");
+        assert_eq!(
+            p.stats.full, 2,
+            "{name}: a sample with an unknown frame is not full"
+        );
+    }
+}

@@ -1,0 +1,273 @@
+//! The Python stage of `record`, on its own thread between the drain thread and the stack
+//! builder: Python names are resolved as soon as a sample arrives, whatever the stack builder
+//! is busy with (a first symbolization of a large library can take a second; a process that
+//! lives 200 ms must not lose its names meanwhile).
+//!
+//! Owns: the [`Tracker`] (which pids are Python, `PY_PROCS`), the run's [`FrameTable`], the
+//! `--gil` filter and the `--threads` names of Python threads.
+//! Input: [`Drained`] items. Output: [`Staged`] items, in the same order, on a bounded channel
+//! (when it is full this thread waits; the drain thread then counts drops, never silently).
+//! At the end: the per-process stats.
+//! Constraints: `--gil` keeps a sample only when its thread held the GIL at the sample
+//! (`locked && last_holder == tstate`, read in the kernel at that instant); a process whose
+//! runtime runs without a GIL is excluded entirely and reported once on stderr.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sampler_common::py_flags;
+
+use crate::collect::{Event, PyCaptured, RawSample};
+use crate::profile::Frame;
+
+use super::drain::Drained;
+use super::pyproc::{PyProcStats, PyStack};
+use super::pytrack::Tracker;
+
+/// One sample with its Python part resolved.
+pub struct StagedSample {
+    /// The sample (its `python` capture taken out).
+    pub raw: RawSample,
+    /// Kernel stack, innermost first.
+    pub kernel: Option<Vec<u64>>,
+    /// The Python frames, for a sample of an attached Python process that carried a capture.
+    pub py: Option<PyStack>,
+    /// The Python `threading` name (or OS name) of the thread, with `--threads`.
+    pub thread_name: Option<Arc<str>>,
+    /// Python frames numbered since the previous item (indices continue the run's table).
+    pub new_frames: Vec<Frame>,
+}
+
+/// One item for the stack builder.
+pub enum Staged {
+    /// A sample.
+    Sample(Box<StagedSample>),
+    /// A process event (after the stage acted on it).
+    Proc(Event),
+}
+
+/// What the stage needs from the run's configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StageConfig {
+    /// `--gil`.
+    pub gil: bool,
+    /// `--threads`.
+    pub threads: bool,
+}
+
+/// What the stage reports at the end.
+#[derive(Debug, Default)]
+pub struct StageReport {
+    /// Per Python process.
+    pub procs: Vec<(u32, PyProcStats)>,
+    /// Sum of the processes beyond the per-process bound.
+    pub overflow: Option<PyProcStats>,
+    /// Attach failures and stage-level failures by kind.
+    pub errors: Vec<(&'static str, u64)>,
+    /// Samples handled, and the time spent on them.
+    pub samples: u64,
+    /// Total time spent per sample in this stage.
+    pub busy: Duration,
+}
+
+/// Handle of the running stage.
+pub struct PyStageHandle {
+    handle: JoinHandle<StageReport>,
+}
+
+impl PyStageHandle {
+    /// Waits for the stage to finish (after its input closed) and returns its report.
+    pub fn finish(self) -> StageReport {
+        self.handle.join().unwrap_or_default()
+    }
+
+    /// Whether the thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+}
+
+/// Starts the stage on `input` with `tracker` (which may already hold processes, and have
+/// attaches in flight).
+pub fn start(
+    cfg: StageConfig,
+    tracker: Tracker,
+    input: Receiver<Drained>,
+    capacity: usize,
+) -> (PyStageHandle, Receiver<Staged>) {
+    let (tx, rx) = sync_channel(capacity);
+    let handle = std::thread::Builder::new()
+        .name("pyebpf-python".into())
+        .spawn(move || {
+            let mut stage = Stage {
+                cfg,
+                tracker,
+                table: super::pyproc::FrameTable::default(),
+                errors: std::collections::BTreeMap::new(),
+                samples: 0,
+                busy: Duration::ZERO,
+            };
+            stage.run(&input, &tx);
+            stage.report()
+        })
+        .expect("spawn python stage thread");
+    (PyStageHandle { handle }, rx)
+}
+
+struct Stage {
+    cfg: StageConfig,
+    tracker: Tracker,
+    table: super::pyproc::FrameTable,
+    errors: std::collections::BTreeMap<&'static str, u64>,
+    samples: u64,
+    busy: Duration,
+}
+
+impl Stage {
+    fn run(&mut self, input: &Receiver<Drained>, tx: &SyncSender<Staged>) {
+        loop {
+            let wait = if self.tracker.busy() {
+                Duration::from_millis(5)
+            } else {
+                Duration::from_millis(100)
+            };
+            let item = match input.recv_timeout(wait) {
+                Ok(item) => Some(item),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            self.tracker.tick(Instant::now());
+            let Some(item) = item else { continue };
+            let staged = match item {
+                Drained::Sample(s, kernel) => {
+                    let t0 = Instant::now();
+                    let out = self.sample(s, kernel);
+                    self.samples += 1;
+                    self.busy += t0.elapsed();
+                    match out {
+                        Some(s) => Staged::Sample(Box::new(s)),
+                        None => continue,
+                    }
+                }
+                Drained::Proc(ev) => {
+                    match &ev {
+                        Event::Exec(p) => self.tracker.on_exec(p.pid),
+                        Event::Exit(p) => self.tracker.on_exit(p.pid),
+                        Event::Fork(p) => self.tracker.on_fork(p.pid),
+                        Event::Sample(_) => {}
+                    }
+                    Staged::Proc(ev)
+                }
+            };
+            if tx.send(staged).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn count(&mut self, kind: &'static str) {
+        *self.errors.entry(kind).or_default() += 1;
+    }
+
+    /// Resolves one sample; `None` when `--gil` drops it.
+    fn sample(&mut self, mut raw: RawSample, kernel: Option<Vec<u64>>) -> Option<StagedSample> {
+        let cap = raw.python.take();
+        let (pid, tid) = (raw.pid, raw.tid);
+        let gil = self.cfg.gil;
+        let Some(proc) = self.tracker.get(pid) else {
+            if cap.is_some() {
+                // The kernel knew the pid but we no longer do (exec/exit race): no names.
+                self.count("python_capture_unattached");
+            }
+            return (!gil).then(|| StagedSample {
+                raw,
+                kernel,
+                py: None,
+                thread_name: None,
+                new_frames: self.table.take_new(),
+            });
+        };
+        if gil && !gil_keep(pid, proc, cap.as_ref()) {
+            return None;
+        }
+        let py = if let Some(c) = &cap {
+            Some(proc.resolve(c, &mut self.table))
+        } else {
+            proc.stats.samples += 1;
+            if proc.attached_at.elapsed() > super::pyproc::CAPTURE_WARMUP {
+                proc.stats.count("no_capture");
+            }
+            None
+        };
+        let running_python = cap
+            .as_ref()
+            .is_some_and(|c| c.flags & py_flags::CAPTURED != 0);
+        let thread_name = if self.cfg.threads {
+            proc.thread_name(tid, running_python)
+        } else {
+            None
+        };
+        Some(StagedSample {
+            raw,
+            kernel,
+            py,
+            thread_name,
+            new_frames: self.table.take_new(),
+        })
+    }
+
+    fn report(self) -> StageReport {
+        let mut errors: Vec<(&'static str, u64)> = self
+            .tracker
+            .attach_errors
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        errors.extend(self.errors.iter().map(|(k, v)| (*k, *v)));
+        let (samples, busy) = (self.samples, self.busy);
+        let (procs, overflow) = self.tracker.finish();
+        StageReport {
+            procs,
+            overflow,
+            errors,
+            samples,
+            busy,
+        }
+    }
+}
+
+/// `--gil`: whether to keep a sample of Python process `proc` (reporting and excluding a
+/// free-threaded process whose GIL is disabled, once).
+fn gil_keep(pid: u32, proc: &mut super::pyproc::PyProc, cap: Option<&PyCaptured>) -> bool {
+    if proc.stats.gil_excluded {
+        return false;
+    }
+    let disabled = match cap {
+        Some(c) if c.gil_enabled >= 0 => c.gil_enabled == 0,
+        // No capture yet: ask the reader once, when the process is free-threaded.
+        _ => proc.process.version().free_threaded && proc.process.gil_enabled().is_ok_and(|e| !e),
+    };
+    if disabled {
+        proc.stats.gil_excluded = true;
+        eprintln!("pyebpf: --gil does not apply to PID {pid}: free-threaded, GIL disabled");
+        return false;
+    }
+    let keep = match cap {
+        Some(c) if c.flags & py_flags::CAPTURED != 0 => {
+            if c.gil_locked < 0 {
+                proc.stats.count("gil_unknown");
+                false
+            } else {
+                c.gil_locked != 0 && c.gil_holder == c.tstate
+            }
+        }
+        _ => false,
+    };
+    if !keep {
+        proc.stats.samples += 1;
+        proc.stats.gil_dropped += 1;
+    }
+    keep
+}

@@ -1,0 +1,522 @@
+//! Which processes of a `record` run are Python, kept in step with the kernel's `PY_PROCS`.
+//!
+//! Owns: the per-pid verdicts of a run — attached ([`PyProc`]), not Python (cached, so a pid
+//! costs one attach attempt), or not Python *yet* (just exec'd: a shared-libpython interpreter
+//! maps libpython only after ld.so ran, so it is retried on a schedule for ~2 s) — and the
+//! writes to `PY_PROCS` ([`PyProcSink`]): insert on attach, remove on exit and exec.
+//! Input: pids from the initial targets (`--all` scan, `-p`), process events (exec, exit,
+//! fork) and the first sample of an unknown pid. Output: `&mut PyProc` for resolution, and the
+//! stats of every Python process seen, at the end.
+//! Constraints: attaches run on the [`AttachQueue`]'s worker (a slow "not Python" verdict must
+//! not hold back resolution); results are matched to requests by id, so an exit or exec in
+//! between discards a stale one. Attach failures are counted by kind, never fatal; an exited
+//! process keeps its caches for [`EXIT_GRACE`] (samples taken before the exit are still
+//! arriving), then only its stats remain; the negative cache is bounded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use sampler_common::PyProcInfo;
+
+use crate::python::PyError;
+
+use super::pyattach::{AttachQueue, Ready, Request};
+use super::pyproc::{PyProc, PyProcStats};
+
+/// How long an exited process's caches are kept.
+pub const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// Attach retries after an exec, as delays from the exec (ld.so maps libpython meanwhile).
+const RETRY_AFTER_EXEC: [Duration; 8] = [
+    Duration::from_millis(10),
+    Duration::from_millis(30),
+    Duration::from_millis(70),
+    Duration::from_millis(150),
+    Duration::from_millis(300),
+    Duration::from_millis(600),
+    Duration::from_millis(1200),
+    Duration::from_secs(2),
+];
+/// Most pids remembered as "not Python" (cleared when full).
+const MAX_NEGATIVE: usize = 1 << 16;
+/// Most finished (exited) Python processes whose stats are kept one by one.
+const MAX_FINISHED: usize = 4096;
+
+/// Where attached processes are announced to the kernel (`PY_PROCS`).
+pub trait PyProcSink {
+    /// Adds or replaces the entry of `pid`.
+    fn insert(&mut self, pid: u32, info: &PyProcInfo) -> Result<(), String>;
+    /// Removes the entry of `pid` (absent is fine).
+    fn remove(&mut self, pid: u32);
+}
+
+impl PyProcSink for crate::collect::PythonProcMap {
+    fn insert(&mut self, pid: u32, info: &PyProcInfo) -> Result<(), String> {
+        crate::collect::PythonProcMap::insert(self, pid, info).map_err(|e| e.to_string())
+    }
+    fn remove(&mut self, pid: u32) {
+        let _ = crate::collect::PythonProcMap::remove(self, pid);
+    }
+}
+
+/// A pid that is not (or not yet) Python.
+struct Negative {
+    /// After an exec: the exec time and the index of the next retry in [`RETRY_AFTER_EXEC`].
+    retry: Option<(Instant, usize)>,
+}
+
+/// An attach in flight.
+struct Pending {
+    id: u64,
+    retry: Option<(Instant, usize)>,
+    promoted: bool,
+}
+
+/// The Python processes of a run.
+pub struct Tracker {
+    /// `None` until the collector is loaded; attach results wait until then.
+    sink: Option<Box<dyn PyProcSink + Send>>,
+    native: bool,
+    queue: AttachQueue,
+    next_id: u64,
+    pending: HashMap<u32, Pending>,
+    procs: HashMap<u32, PyProc>,
+    negative: HashMap<u32, Negative>,
+    finished: Vec<(u32, PyProcStats)>,
+    /// Stats of finished processes beyond [`MAX_FINISHED`], summed.
+    finished_overflow: PyProcStats,
+    /// Attach failures other than "not Python", by kind.
+    pub attach_errors: BTreeMap<&'static str, u64>,
+}
+
+/// The kind name of an attach failure, `None` for a plain "not Python".
+fn attach_error_kind(e: &PyError) -> Option<&'static str> {
+    match e {
+        PyError::NotPython { .. } => None,
+        PyError::Unsupported { .. } => Some("python_unsupported"),
+        PyError::PermissionDenied { .. } => Some("python_attach_permission"),
+        PyError::ProcessGone { .. } => Some("python_attach_gone"),
+        PyError::Memory { .. } => Some("python_attach_memory"),
+        PyError::Invalid { .. } => Some("python_attach_invalid"),
+        PyError::Io { .. } => Some("python_attach_io"),
+    }
+}
+
+impl Tracker {
+    /// A tracker; `native`: compute eval-loop ranges. Attaches can be queued at once (they run
+    /// while the eBPF object loads); results are taken once [`Self::set_sink`] was called.
+    pub fn new(native: bool) -> Self {
+        Tracker {
+            sink: None,
+            native,
+            queue: AttachQueue::start(native),
+            next_id: 0,
+            pending: HashMap::new(),
+            procs: HashMap::new(),
+            negative: HashMap::new(),
+            finished: Vec::new(),
+            finished_overflow: PyProcStats::default(),
+            attach_errors: BTreeMap::new(),
+        }
+    }
+
+    /// Where attached processes are announced from now on.
+    pub fn set_sink(&mut self, sink: Box<dyn PyProcSink + Send>) {
+        self.sink = Some(sink);
+    }
+
+    /// Waits (at most `timeout`) until no attach of `pids` is in flight.
+    pub fn wait_for(&mut self, pids: &[u32], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.tick(Instant::now());
+            if !pids.iter().any(|p| self.pending.contains_key(p)) || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Queues an urgent attach of `pid` (a `-p` target).
+    pub fn request_now(&mut self, pid: u32) {
+        if !self.procs.contains_key(&pid) && !self.pending.contains_key(&pid) {
+            self.request(pid, None, true);
+        }
+    }
+
+    /// The attached process `pid`. An unknown pid is queued for an attach (one per pid);
+    /// a pid still waiting in the start-up scan is moved ahead (it is busy).
+    pub fn get(&mut self, pid: u32) -> Option<&mut PyProc> {
+        if !self.procs.contains_key(&pid) {
+            if let Some(p) = self.pending.get_mut(&pid) {
+                if !p.promoted {
+                    p.promoted = true;
+                    self.queue.promote(pid);
+                }
+            } else if !self.negative.contains_key(&pid) {
+                self.request(pid, None, true);
+            }
+        }
+        self.procs.get_mut(&pid)
+    }
+
+    fn request(&mut self, pid: u32, retry: Option<(Instant, usize)>, urgent: bool) {
+        if pid == 0 || pid == std::process::id() {
+            self.remember_negative(pid, None);
+            return;
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.pending.insert(
+            pid,
+            Pending {
+                id,
+                retry,
+                promoted: urgent,
+            },
+        );
+        self.queue.submit(Request { pid, id }, urgent);
+    }
+
+    /// Takes an attach result: announce the process, or remember the verdict.
+    fn accept(
+        &mut self,
+        pid: u32,
+        retry: Option<(Instant, usize)>,
+        result: Result<Box<Ready>, PyError>,
+    ) {
+        match result {
+            Ok(ready) => {
+                let Ready {
+                    process,
+                    info,
+                    eval,
+                    comm,
+                } = *ready;
+                let mut p = PyProc::new(process, comm, eval.as_ref().map(|(r, _)| r.clone()));
+                match eval {
+                    None if self.native => p.stats.count("eval_ranges_missing"),
+                    Some((_, true)) => p.stats.count("eval_ranges_incomplete"),
+                    _ => {}
+                }
+                let inserted = match self.sink.as_mut() {
+                    Some(sink) => sink.insert(pid, &info),
+                    None => Err("no PY_PROCS map".to_string()),
+                };
+                if let Err(e) = inserted {
+                    tracing::debug!("pid {pid}: PY_PROCS insert failed: {e}");
+                    p.stats.count("py_procs_insert");
+                }
+                self.negative.remove(&pid);
+                self.procs.insert(pid, p);
+            }
+            Err(e) => {
+                let next = retry.filter(|(_, i)| *i < RETRY_AFTER_EXEC.len());
+                // "Not Python yet" after an exec is expected; only the final verdict counts.
+                if let Some(kind) = attach_error_kind(&e)
+                    && next.is_none()
+                {
+                    *self.attach_errors.entry(kind).or_default() += 1;
+                }
+                if matches!(e, PyError::ProcessGone { .. }) {
+                    self.negative.remove(&pid);
+                } else {
+                    self.remember_negative(pid, next);
+                }
+            }
+        }
+    }
+
+    fn remember_negative(&mut self, pid: u32, retry: Option<(Instant, usize)>) {
+        if self.negative.len() >= MAX_NEGATIVE {
+            self.negative.clear();
+        }
+        self.negative.insert(pid, Negative { retry });
+    }
+
+    /// Forgets everything about `pid` but its stats (an exec, fork or exit happened).
+    fn reset(&mut self, pid: u32) {
+        self.drop_proc(pid, true);
+        self.negative.remove(&pid);
+        self.pending.remove(&pid);
+    }
+
+    /// `pid` replaced its image: forget what it was, attach again (with retries).
+    pub fn on_exec(&mut self, pid: u32) {
+        self.reset(pid);
+        self.request(pid, Some((Instant::now(), 0)), true);
+    }
+
+    /// `pid` was forked by a target: a copy of its parent until it execs.
+    pub fn on_fork(&mut self, pid: u32) {
+        self.reset(pid);
+        self.request(pid, None, true);
+    }
+
+    /// `pid` exited.
+    pub fn on_exit(&mut self, pid: u32) {
+        self.negative.remove(&pid);
+        self.pending.remove(&pid);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.exited_at.get_or_insert_with(Instant::now);
+            if let Some(sink) = self.sink.as_mut() {
+                sink.remove(pid);
+            }
+        }
+    }
+
+    /// Removes `pid`'s process (keeping its stats); `from_map` also removes the kernel entry.
+    fn drop_proc(&mut self, pid: u32, from_map: bool) {
+        let Some(p) = self.procs.remove(&pid) else {
+            return;
+        };
+        if from_map
+            && p.exited_at.is_none()
+            && let Some(sink) = self.sink.as_mut()
+        {
+            sink.remove(pid);
+        }
+        if self.finished.len() < MAX_FINISHED {
+            self.finished.push((pid, p.stats));
+        } else {
+            merge_stats(&mut self.finished_overflow, &p.stats);
+        }
+    }
+
+    /// Periodic work: attach results, due retries after exec, exited processes after the grace.
+    pub fn tick(&mut self, now: Instant) {
+        if self.sink.is_none() {
+            return;
+        }
+        let results: Vec<_> = self.queue.results().collect();
+        for a in results {
+            let pid = a.req.pid;
+            // Stale when the pid exited, exec'd or forked since the request.
+            if self.pending.get(&pid).is_some_and(|p| p.id == a.req.id)
+                && let Some(p) = self.pending.remove(&pid)
+            {
+                self.accept(pid, p.retry, a.result);
+            }
+        }
+        let due: Vec<(u32, Instant, usize)> = self
+            .negative
+            .iter()
+            .filter_map(|(pid, n)| {
+                let (exec, i) = n.retry?;
+                (now >= exec + RETRY_AFTER_EXEC[i]).then_some((*pid, exec, i))
+            })
+            .collect();
+        for (pid, exec, i) in due {
+            self.negative.remove(&pid);
+            self.request(pid, Some((exec, i + 1)), true);
+        }
+        let gone: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| {
+                p.exited_at
+                    .is_some_and(|t| now.duration_since(t) >= EXIT_GRACE)
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in gone {
+            self.drop_proc(pid, false);
+        }
+    }
+
+    /// Whether attaches are in flight or retries scheduled (the stage then wakes up often).
+    pub fn busy(&self) -> bool {
+        !self.pending.is_empty() || self.negative.values().any(|n| n.retry.is_some())
+    }
+
+    /// Queues every process in `/proc` (for `--all`) behind the urgent requests.
+    pub fn scan_all(&mut self) {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for e in dir.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
+                && !self.procs.contains_key(&pid)
+                && !self.pending.contains_key(&pid)
+                && !self.negative.contains_key(&pid)
+            {
+                self.request(pid, None, false);
+            }
+        }
+    }
+
+    /// The stats of every Python process of the run, by pid (finished ones included), and the
+    /// sum of those beyond the per-process bound.
+    pub fn finish(mut self) -> (Vec<(u32, PyProcStats)>, Option<PyProcStats>) {
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            self.drop_proc(pid, false);
+        }
+        let overflow = (self.finished_overflow.samples > 0)
+            .then_some(std::mem::take(&mut self.finished_overflow));
+        (std::mem::take(&mut self.finished), overflow)
+    }
+}
+
+/// Adds `b` into `a` (for the overflow bucket).
+pub fn merge_stats(a: &mut PyProcStats, b: &PyProcStats) {
+    a.samples += b.samples;
+    a.full += b.full;
+    a.truncated += b.truncated;
+    a.no_tstate += b.no_tstate;
+    a.gil_dropped += b.gil_dropped;
+    for (k, v) in &b.errors {
+        *a.errors.entry(k).or_default() += v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Records the map operations.
+    #[derive(Default, Clone)]
+    struct Log(Arc<Mutex<Vec<String>>>);
+    impl PyProcSink for Log {
+        fn insert(&mut self, pid: u32, _: &PyProcInfo) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("insert {pid}"));
+            Ok(())
+        }
+        fn remove(&mut self, pid: u32) {
+            self.0.lock().unwrap().push(format!("remove {pid}"));
+        }
+    }
+
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn tracker(sink: Box<dyn PyProcSink + Send>) -> Tracker {
+        let mut t = Tracker::new(false);
+        t.set_sink(sink);
+        t
+    }
+
+    /// Waits for the attaches in flight.
+    fn settle(t: &mut Tracker) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.pending.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+            t.tick(Instant::now());
+        }
+        assert!(t.pending.is_empty(), "attach worker stuck");
+    }
+
+    #[test]
+    fn stale_results_are_dropped() {
+        let log = Log::default();
+        let mut t = tracker(Box::new(log.clone()));
+        let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
+        if !std::path::Path::new(python).exists() {
+            eprintln!("SKIPPED: {python} not found");
+            return;
+        }
+        let py = Killed(
+            Command::new(python)
+                .args(["-c", "import time; time.sleep(30)"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = py.0.id();
+        assert!(
+            t.get(pid).is_none(),
+            "queued, not attached on the caller's thread"
+        );
+        t.on_exit(pid); // the process "exits" before the result is taken
+        std::thread::sleep(Duration::from_millis(500));
+        t.tick(Instant::now());
+        assert!(t.procs.is_empty(), "a result for an exited pid is stale");
+        assert!(log.0.lock().unwrap().is_empty(), "nothing announced");
+        t.request_now(pid);
+        t.wait_for(&[pid], Duration::from_secs(10));
+        assert!(t.procs.contains_key(&pid));
+        assert_eq!(*log.0.lock().unwrap(), [format!("insert {pid}")]);
+    }
+
+    #[test]
+    fn non_python_is_tried_once_and_python_is_announced() {
+        let log = Log::default();
+        let mut t = tracker(Box::new(log.clone()));
+        let sleep = Killed(Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = sleep.0.id();
+        assert!(t.get(pid).is_none());
+        settle(&mut t);
+        assert!(t.negative.contains_key(&pid), "negative verdict cached");
+        assert!(t.get(pid).is_none());
+        assert!(t.pending.is_empty(), "one attempt per pid");
+        assert!(t.get(std::process::id()).is_none(), "never ourselves");
+        assert!(t.pending.is_empty());
+        let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
+        if !std::path::Path::new(python).exists() {
+            eprintln!("SKIPPED: {python} not found");
+            return;
+        }
+        // Shared libpython: mapped by ld.so after the exec; retried until it is.
+        let py = Killed(
+            Command::new(python)
+                .args(["-c", "import time; time.sleep(30)"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = py.0.id();
+        t.on_exec(pid);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !t.procs.contains_key(&pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            t.tick(Instant::now());
+        }
+        assert!(
+            t.procs.contains_key(&pid),
+            "3.12 attached within the retry window"
+        );
+        assert!(!t.busy());
+        t.on_exit(pid);
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [format!("insert {pid}"), format!("remove {pid}")]
+        );
+        t.tick(Instant::now() + EXIT_GRACE);
+        assert!(!t.procs.contains_key(&pid), "dropped after the grace");
+        let (stats, overflow) = t.finish();
+        assert_eq!(stats.len(), 1);
+        assert_eq!(stats[0].0, pid);
+        assert_eq!(stats[0].1.version, "3.12");
+        assert!(overflow.is_none());
+    }
+
+    #[test]
+    fn retries_end_after_the_schedule() {
+        let mut t = tracker(Box::new(Log::default()));
+        let sleep = Killed(Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = sleep.0.id();
+        t.on_exec(pid);
+        assert!(t.busy());
+        let start = Instant::now();
+        settle(&mut t);
+        for d in RETRY_AFTER_EXEC {
+            t.tick(start + d + Duration::from_millis(1));
+            settle(&mut t);
+        }
+        assert!(!t.busy(), "bounded retries");
+        assert!(t.procs.is_empty());
+        assert!(
+            t.attach_errors.is_empty(),
+            "'not Python' is no error: {:?}",
+            t.attach_errors
+        );
+    }
+}
