@@ -90,17 +90,23 @@ pub fn measure(ctx: &Ctx) -> Table {
     let mut ours: Vec<Result<Run, String>> = Vec::new();
     let mut theirs: Vec<Result<Run, String>> = Vec::new();
     for round in 0..ctx.plan.runs {
-        // Once pyebpf's output shows it has no Python frames, further runs cannot differ.
-        let a = if matches!(ours.first(), Some(Err(e)) if e == NO_PY_FRAMES) {
-            Err(NO_PY_FRAMES.to_owned())
-        } else {
-            one_run(ctx, Who::Pyebpf).map_err(|e| format!("{e:#}"))
-        };
-        ctx.progress("accuracy pyebpf", round, &describe(&a));
-        ours.push(a);
-        let b = one_run(ctx, Who::PySpy).map_err(|e| format!("{e:#}"));
-        ctx.progress("accuracy py-spy", round, &describe(&b));
-        theirs.push(b);
+        // Alternate who goes first; A B, B A, A B, …
+        for i in super::rotation(2, round) {
+            if i == 0 {
+                // Once pyebpf's output shows it has no Python frames, more runs cannot differ.
+                let a = if matches!(ours.first(), Some(Err(e)) if e == NO_PY_FRAMES) {
+                    Err(NO_PY_FRAMES.to_owned())
+                } else {
+                    one_run(ctx, Who::Pyebpf).map_err(|e| format!("{e:#}"))
+                };
+                ctx.progress("accuracy pyebpf", round, &describe(&a));
+                ours.push(a);
+            } else {
+                let b = one_run(ctx, Who::PySpy).map_err(|e| format!("{e:#}"));
+                ctx.progress("accuracy py-spy", round, &describe(&b));
+                theirs.push(b);
+            }
+        }
     }
 
     let mut t = Table::new(

@@ -139,6 +139,12 @@ impl Ctx {
     }
 }
 
+/// The order of `n` configurations in round `round`: every configuration once, the start
+/// rotated by one each round, so that none always runs first or right after the same one.
+pub fn rotation(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |j| (j + round) % n)
+}
+
 pub fn run(opts: &Options) -> Result<()> {
     if opts.runs < 5 {
         bail!("--runs must be at least 5 (medians with min–max over at least 5 runs)");

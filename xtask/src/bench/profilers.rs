@@ -72,6 +72,8 @@ pub struct Running {
     pub who: Who,
     pub proc: Proc,
     pub out: PathBuf,
+    /// `CLOCK_MONOTONIC` when it was seen sampling (polled every 10 ms).
+    pub ready_at: f64,
 }
 
 /// What a profiler run produced.
@@ -160,6 +162,7 @@ pub fn start(ctx: &Ctx, spec: &Spec, tag: &str) -> Result<Running> {
                 who: spec.who,
                 proc: p,
                 out,
+                ready_at: super::sys::monotonic_s(),
             });
         }
         if Instant::now() > deadline {

@@ -84,7 +84,7 @@ fn climb(
 
 type Ladders = Vec<Result<Ladder, String>>;
 
-/// Interleaved rounds: pyebpf's ladder, then py-spy's, on fresh busy processes each round.
+/// Interleaved rounds of both ladders (alternating which goes first) on fresh busy processes.
 fn rounds(ctx: &Ctx) -> (Ladders, Ladders) {
     let mut ours: Vec<Result<Ladder, String>> = Vec::new();
     let mut theirs: Vec<Result<Ladder, String>> = Vec::new();
@@ -98,17 +98,23 @@ fn rounds(ctx: &Ctx) -> (Ladders, Ladders) {
                 continue;
             }
         };
-        let a = climb(Who::Pyebpf, ctx.plan.pyebpf_rates, |r| pyebpf_step(ctx, r))
-            .map_err(|e| format!("{e:#}"));
-        report(ctx, "rate ladder pyebpf", round, &a);
-        ours.push(a);
         let pid = hogs[0].pid;
-        let b = climb(Who::PySpy, ctx.plan.pyspy_rates, |r| {
-            pyspy_step(ctx, pid, r)
-        })
-        .map_err(|e| format!("{e:#}"));
-        report(ctx, "rate ladder py-spy", round, &b);
-        theirs.push(b);
+        // Alternate who goes first: A B, B A, A B, …
+        for i in super::rotation(2, round) {
+            if i == 0 {
+                let a = climb(Who::Pyebpf, ctx.plan.pyebpf_rates, |r| pyebpf_step(ctx, r))
+                    .map_err(|e| format!("{e:#}"));
+                report(ctx, "rate ladder pyebpf", round, &a);
+                ours.push(a);
+            } else {
+                let b = climb(Who::PySpy, ctx.plan.pyspy_rates, |r| {
+                    pyspy_step(ctx, pid, r)
+                })
+                .map_err(|e| format!("{e:#}"));
+                report(ctx, "rate ladder py-spy", round, &b);
+                theirs.push(b);
+            }
+        }
         drop(hogs);
     }
     (ours, theirs)

@@ -79,7 +79,8 @@ pub fn render(ctx: &Context<'_>, tables: &[Table]) -> String {
         out,
         "Written by `cargo xtask bench{}` (the harness: `xtask/src/bench/`, workloads: \
          `tests/workloads/bench/`). Every figure is the median (min–max) over {} runs; the \
-         configurations of a measurement are interleaved (A B C … A B C …), so a slow spell of \
+         configurations of a measurement are interleaved (each round runs every configuration \
+         once, its order rotated by one each round: A B C, B C A, C A B, …), so a slow spell of \
          the machine hits all of them alike. No test asserts any of these figures.\n",
         if p.quick { " --quick" } else { "" },
         p.runs

@@ -188,12 +188,13 @@ pub fn measure(ctx: &Ctx) -> (Table, Table) {
     (slowdown_table(ctx, &results), cost_of(&results))
 }
 
-/// Every configuration once per round, in `CONFIGS` order.
+/// Every configuration once per round, in rotated `CONFIGS` order.
 fn rounds(ctx: &Ctx) -> Results {
     let mut results: Vec<Vec<Result<RunOut, String>>> =
         CONFIGS.iter().map(|_| Vec::new()).collect();
     for round in 0..ctx.plan.runs {
-        for (i, cfg) in CONFIGS.iter().enumerate() {
+        for i in super::rotation(CONFIGS.len(), round) {
+            let cfg = &CONFIGS[i];
             let r = one_run(ctx, cfg).map_err(|e| format!("{e:#}"));
             ctx.progress(
                 &format!(
