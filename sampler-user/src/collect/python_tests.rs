@@ -354,17 +354,34 @@ fn check_depth_run(name: &str, run: &Run, stack_bytes: u32) {
         exact * 10 >= n * 9,
         "{name}: {exact} of {n} samples resolve to exactly the spinner's stack"
     );
+    // A read can fail legitimately (the kernel cannot fault a page in at the sample, e.g. while
+    // khugepaged collapses it): allow a few, flagged and counted, never more than 2%.
+    let read_errors = captured
+        .iter()
+        .filter(|c| c.flags & py_flags::READ_ERROR != 0)
+        .count();
+    assert!(
+        read_errors * 50 <= n,
+        "{name}: {read_errors} of {n} samples with READ_ERROR"
+    );
+    assert_eq!(
+        run.counters.get(Counter::PyReadErrors),
+        read_errors as u64,
+        "{name}"
+    );
     // The innermost frame is always the spinning function (the thread runs nothing else).
-    for c in &captured {
+    for c in captured
+        .iter()
+        .filter(|c| c.flags & py_flags::READ_ERROR == 0)
+    {
         assert_eq!(run.stack(c).first().copied(), Some("spin_target"), "{name}");
-        assert_eq!(
-            c.flags & (py_flags::READ_ERROR | py_flags::TRUNCATED),
-            0,
-            "{name}"
-        );
+        assert_eq!(c.flags & py_flags::TRUNCATED, 0, "{name}");
     }
     // One walk fills the cache; later samples hit it.
-    assert!(hits + 5 >= captured.len(), "{name}: {hits} cache hits");
+    assert!(
+        hits + read_errors + 5 >= captured.len(),
+        "{name}: {hits} cache hits"
+    );
     if run.free_threaded {
         assert!(
             captured.iter().all(|c| c.gil_enabled == 0),
@@ -381,7 +398,6 @@ fn check_depth_run(name: &str, run: &Run, stack_bytes: u32) {
     for c in [
         Counter::PyBadProcInfo,
         Counter::PyPidNsErrors,
-        Counter::PyReadErrors,
         Counter::PyThreadBudget,
     ] {
         assert_eq!(run.counters.get(c), 0, "{name}: {}", c.name());
