@@ -15,8 +15,9 @@ use crate::common::{Interpreter, run, text};
 /// The thread of `rec_spin.py` that spins.
 const SPINNER: &str = "spinner";
 
-/// Fewest samples of a spinning process in the 5 s run (three busy processes on two cores).
-const MIN_SAMPLES: u64 = 30;
+/// Fewest samples of a spinning process in the 5 s run (five busy processes on two cores, on a
+/// machine that may be busy with other tests).
+const MIN_SAMPLES: u64 = 20;
 
 /// The three interpreters running at once.
 const AT_ONCE: [&str; 3] = ["3.12", "3.13t", "3.14"];
@@ -69,13 +70,16 @@ fn check_spinner(rec: &Recording, what: &str, pid: u32, root: &str, expected: &[
         show(&mine, 10)
     );
     let exact = count_where(&mine, |s| s.frames[1..] == *expected);
+    eprintln!("{what} (pid {pid}): {exact}/{n} samples are its exact Python stack");
     assert!(
         exact * 100 >= n * 90,
         "{what} (pid {pid}): only {exact}/{n} samples under `{root}` are its Python stack ({})\n\
-         expected, outermost first:\n{}samples:\n{}",
+         expected, outermost first:\n{}samples:\n{}summary: {}",
         rec.what,
         show_frames(expected),
-        show(&mine, 15)
+        show(&mine, 15),
+        rec.py_summary(pid)
+            .unwrap_or("(no per-process summary line)")
     );
 }
 
@@ -145,6 +149,11 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     // The late starter: included, with its spinning function named at the right line.
     let late_samples = rec.of_pid(late.pid);
     let late_named = count_where(&late_samples, |s| s.frames[1..] == *late_expected);
+    eprintln!(
+        "--all: late starter pid {}: {late_named}/{} samples with its named stack",
+        late.pid,
+        total(&late_samples)
+    );
     assert!(
         late_named >= 10,
         "--all: the Python process started 1 s into the run (3.13, pid {}) has only {late_named} \
@@ -168,13 +177,18 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
         short.label("burn", "burn"),
     ];
     let burning = count_where(&short_samples, |s| s.frames[1..] == burn_stack);
+    eprintln!(
+        "--all: short-lived pid {short_pid}: {n} samples, {with_py} with Python frames, {burning} in burn"
+    );
     assert!(
         n >= 3 && burning >= 1 && with_py * 2 >= n,
         "--all: the ~200 ms Python process (3.12, pid {short_pid}) lost its Python frames: {n} \
          samples, {with_py} with Python frames, {burning} exactly <module> → main → burn ({})\n\
-         its samples:\n{}",
+         its samples:\n{}summary: {}",
         rec.what,
-        show(&short_samples, 15)
+        show(&short_samples, 15),
+        rec.py_summary(short_pid)
+            .unwrap_or("(no per-process summary line)")
     );
     let lost = rec.stderr_lines("lost samples:");
     assert!(!lost.is_empty(), "no lost-sample line:\n{}", rec.stderr);

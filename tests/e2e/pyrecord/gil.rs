@@ -100,6 +100,7 @@ fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
         &[],
     );
     let (py, c, all) = split(&rec, &w);
+    eprintln!("--gil 3.12: py-spin {py}, c-hash {c} of {all} samples");
     assert!(
         py >= MIN_SAMPLES && py * 100 >= all * 95 && c * 100 <= all * 2,
         "--gil on 3.12: want only the GIL-holding thread py-spin (≥ {MIN_SAMPLES} samples, ≥ 95 % \
@@ -143,23 +144,19 @@ fn ebpf_program_cost_is_reported() {
     );
 }
 
-/// The (instruction count, mean ns per run) of the stats line.
+/// The (instruction count, mean ns per run) of the stats line, `pyebpf: eBPF sampling program:
+/// N ns per sample (mean of R runs), I instructions verified, B bytes JIT-compiled`.
 fn program_stats(stderr: &str) -> Option<(u64, f64)> {
     let line = stderr
         .lines()
-        .find(|l| l.contains("instructions") && l.contains("ns"))?;
-    let insns = number_before(line, "instructions")?;
-    let ns = number_before(line, "ns")?;
+        .find(|l| l.contains("eBPF sampling program:"))?;
+    let ns = number_before(line, " ns per sample")?;
+    let insns = number_before(line, " instructions")?;
     Some((insns as u64, ns))
 }
 
 /// The number just before `word` in `line` (`… 1234 word …`).
 fn number_before(line: &str, word: &str) -> Option<f64> {
     let at = line.find(word)?;
-    line[..at]
-        .split_whitespace()
-        .next_back()?
-        .trim_end_matches(|c: char| !c.is_ascii_digit())
-        .parse()
-        .ok()
+    line[..at].split_whitespace().next_back()?.parse().ok()
 }

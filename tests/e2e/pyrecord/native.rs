@@ -4,8 +4,7 @@
 //! 1 % of samples.
 
 use super::support::{
-    OutDir, Recording, Sample, Workload, count_where, is_py_frame, record, setup, show,
-    show_frames, total,
+    OutDir, Recording, Sample, Workload, is_py_frame, record, setup, show, show_frames, total,
 };
 
 /// The marker the merge puts between the two halves of an unmergeable sample.
@@ -108,6 +107,9 @@ fn native_merge(name: &str, symbols: bool) {
         .filter(|(_, sh)| matches!(sh, Shape::Good { sort_named: true }))
         .map(|(s, _)| s.count)
         .sum();
+    eprintln!(
+        "{name} --native: sorter {n} samples, {in_key} in pykey, {good} merged in order, {named} naming the sort"
+    );
     let bad: Vec<String> = shapes
         .iter()
         .filter_map(|(s, sh)| match sh {
@@ -147,25 +149,38 @@ fn native_merge(name: &str, symbols: bool) {
     check_mismatches(name, &rec, w.pid);
 }
 
-/// Merge mismatches (samples with the marker) are under 1 % of the pid's samples.
+/// Merge mismatches are under 1 % of the pid's samples, both as counted in the output (samples
+/// with the marker) and as reported in the per-process summary.
 #[track_caller]
 fn check_mismatches(name: &str, rec: &Recording, pid: u32) {
     let all = rec.of_pid(pid);
-    let total_all = total(&all);
-    let mismatched = count_where(&all, |s| s.frames.iter().any(|f| f == MISMATCH_MARKER));
+    let n = total(&all);
+    let marked: Vec<&Sample> = all
+        .iter()
+        .copied()
+        .filter(|s| s.frames.iter().any(|f| f == MISMATCH_MARKER))
+        .collect();
+    let mismatched = total(&marked);
     assert!(
-        mismatched * 100 < total_all,
-        "{name} --native: {mismatched}/{total_all} samples are merge mismatches (want < 1 %) ({})\n\
+        mismatched * 100 < n,
+        "{name} --native: {mismatched}/{n} samples carry `{MISMATCH_MARKER}` (want < 1 %) ({})\n\
          {}\nmismatched samples:\n{}",
         rec.what,
         rec.stderr,
-        show(
-            &all.iter()
-                .copied()
-                .filter(|s| s.frames.iter().any(|f| f == MISMATCH_MARKER))
-                .collect::<Vec<_>>(),
-            10
+        show(&marked, 10)
+    );
+    let line = rec.py_summary(pid).unwrap_or_else(|| {
+        panic!(
+            "{name} --native: no per-process summary line for pid {pid}:\n{}",
+            rec.stderr
         )
+    });
+    let reported = rec.py_summary_count(pid, " merge mismatches");
+    let samples = rec.py_summary_count(pid, " samples,");
+    assert!(
+        matches!((reported, samples), (Some(m), Some(s)) if s > 0 && m * 100 < s),
+        "{name} --native: the summary reports {reported:?} merge mismatches of {samples:?} \
+         samples (want < 1 %): {line}"
     );
 }
 

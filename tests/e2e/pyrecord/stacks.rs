@@ -44,6 +44,7 @@ fn check_thread(
         show(&rec.of_pid(pid), 30)
     );
     let exact = count_where(&mine, |s| python_part(s) == expected);
+    eprintln!("{what}: thread {name} (tid {tid}): {exact}/{n} samples exactly the dumped stack");
     if exact * 100 < n * 95 {
         let worst = mine
             .iter()

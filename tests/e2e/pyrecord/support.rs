@@ -346,6 +346,22 @@ impl Recording {
             .collect()
     }
 
+    /// The per-Python-process summary line of `pid` on stderr,
+    /// `pyebpf: python comm (pid) VERSION: N samples, …, M merge mismatches, …`.
+    pub fn py_summary(&self, pid: u32) -> Option<&str> {
+        let needle = format!(" ({pid}) ");
+        self.stderr
+            .lines()
+            .find(|l| l.starts_with("pyebpf: python ") && l.contains(&needle))
+    }
+
+    /// The number just before `what` (e.g. " merge mismatches") in `pid`'s summary line.
+    pub fn py_summary_count(&self, pid: u32, what: &str) -> Option<u64> {
+        let line = self.py_summary(pid)?;
+        let at = line.find(what)?;
+        line[..at].split_whitespace().next_back()?.parse().ok()
+    }
+
     /// The stderr lines containing `needle`.
     pub fn stderr_lines(&self, needle: &str) -> Vec<&str> {
         self.stderr.lines().filter(|l| l.contains(needle)).collect()
