@@ -135,7 +135,10 @@ pub fn measure(ctx: &Ctx) -> (Table, Vec<Vec<String>>) {
         "Ladders of {} s steps — pyebpf: {} samples/s in total (`-r` is per CPU: the total \
          divided by {} CPUs), with one busy Python process per CPU so every tick is a sample; \
          py-spy: {} samples/s on one of those processes. A round stops at its first failing \
-         step. py-spy warns only once it is ≥ 1 s late, so with {} s steps a shortfall under \
+         step; a round whose lowest step already fails counts as 0 sustained (and has no \
+         achieved rate or cost figure). Both profilers compete for CPU with the machine's \
+         other load: pyebpf samples in the kernel and buffers, py-spy's sampling thread has \
+         to be scheduled for every sample. py-spy warns only once it is ≥ 1 s late, so with {} s steps a shortfall under \
          about {:.0} % of the rate goes unreported.",
         ctx.plan.rate_step_s,
         list(ctx.plan.pyebpf_rates),
