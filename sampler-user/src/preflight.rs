@@ -16,8 +16,9 @@ pub const FAKE_KERNEL_RELEASE_ENV: &str = "PYEBPF_TEST_FAKE_KERNEL_RELEASE";
 pub const FAKE_BTF_PATH_ENV: &str = "PYEBPF_TEST_FAKE_BTF_PATH";
 /// Where the kernel exposes its own BTF.
 pub const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
-/// Oldest supported kernel: BPF ring buffer (5.8), `bpf_task_pt_regs` (5.15).
-pub const MIN_KERNEL: (u32, u32) = (5, 15);
+/// Oldest supported kernel: BPF ring buffer (5.8), `bpf_task_pt_regs` (5.15), `bpf_loop`
+/// (5.17, the Python frame walk).
+pub const MIN_KERNEL: (u32, u32) = (5, 17);
 
 /// Capability numbers from `<linux/capability.h>`.
 const CAP_SYS_ADMIN: u32 = 21;
@@ -251,6 +252,7 @@ mod tests {
     #[test]
     fn old_or_unparseable_kernels_are_refused() {
         for release in [
+            "5.15.0-91-generic",
             "5.14.21-150400",
             "4.19.0-25-amd64",
             "3.10.0-1160.el7.x86_64",
@@ -264,10 +266,10 @@ mod tests {
             .unwrap_err();
             assert_eq!(
                 err.to_string(),
-                format!("unsupported kernel {release}: need 5.15 or newer")
+                format!("unsupported kernel {release}: need 5.17 or newer")
             );
         }
-        for release in ["5.15.0-91-generic", "6.1.0-18-amd64", "10.0"] {
+        for release in ["5.17.0-1-generic", "6.1.0-18-amd64", "10.0"] {
             check_host(&HostFacts {
                 release: release.into(),
                 ..facts()

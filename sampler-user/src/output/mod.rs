@@ -50,11 +50,10 @@ impl Format {
 
     /// The format implied by a file name's extension, if any.
     pub fn from_path(path: &Path) -> Option<Format> {
-        let name = path.file_name()?.to_str()?;
-        if name.ends_with(".speedscope.json") || name.ends_with(".json") {
-            return Some(Format::Speedscope);
-        }
-        match path.extension()?.to_str()? {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            // Also covers `.speedscope.json`.
+            "json" => Some(Format::Speedscope),
             "svg" => Some(Format::Flamegraph),
             "txt" | "folded" | "collapsed" => Some(Format::Collapsed),
             _ => None,
@@ -95,7 +94,10 @@ impl Format {
 
 /// The temporary name used while writing `dest`.
 fn temp_name(dest: &Path) -> PathBuf {
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     dest.with_file_name(format!(".{name}.pyebpf-tmp.{}", std::process::id()))
 }
 
@@ -103,7 +105,10 @@ fn temp_name(dest: &Path) -> PathBuf {
 /// temporary file that [`write_atomically`] will use.
 pub fn check_writable(dest: &Path) -> io::Result<()> {
     if dest.is_dir() {
-        return Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory"));
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "is a directory",
+        ));
     }
     let tmp = temp_name(dest);
     std::fs::File::create(&tmp)?;
@@ -138,15 +143,30 @@ pub(crate) mod tests {
 
     /// A small profile with two processes, Python, native and kernel frames.
     pub(crate) fn demo_profile() -> Profile {
-        let mut p = Profile::new(RunMeta { rate_hz: 99, ..RunMeta::default() });
-        let stacks: [(&str, u32, &[(FrameKind, &str)], u32); 3] = [
-            ("app", 10, &[(FrameKind::Native, "main"), (FrameKind::Native, "hot")], 3),
-            ("app", 10, &[(FrameKind::Native, "main"), (FrameKind::Kernel, "vfs_read")], 1),
+        let mut p = Profile::new(RunMeta {
+            rate_hz: 99,
+            ..RunMeta::default()
+        });
+        type DemoStack<'a> = (&'a str, u32, &'a [(FrameKind, &'a str)], u32);
+        let stacks: [DemoStack<'_>; 3] = [
+            (
+                "app",
+                10,
+                &[(FrameKind::Native, "main"), (FrameKind::Native, "hot")],
+                3,
+            ),
+            (
+                "app",
+                10,
+                &[(FrameKind::Native, "main"), (FrameKind::Kernel, "vfs_read")],
+                1,
+            ),
             ("py", 20, &[(FrameKind::Python, "f<é;>")], 2),
         ];
         let mut t = 0;
         for (comm, pid, frames, n) in stacks {
-            let mut ids = vec![p.intern_frame(Frame::new(FrameKind::Process, format!("{comm} ({pid})")))];
+            let mut ids =
+                vec![p.intern_frame(Frame::new(FrameKind::Process, format!("{comm} ({pid})")))];
             for (k, name) in frames {
                 let mut f = Frame::new(*k, *name);
                 if *k == FrameKind::Python {
@@ -158,7 +178,15 @@ pub(crate) mod tests {
             let stack = p.intern_stack(&ids);
             for _ in 0..n {
                 t += 10_000_000;
-                p.add_sample(Sample { stack, time_ns: t, pid, tid: pid, cpu: 0, comm: comm.into(), thread_name: comm.into() });
+                p.add_sample(Sample {
+                    stack,
+                    time_ns: t,
+                    pid,
+                    tid: pid,
+                    cpu: 0,
+                    comm: comm.into(),
+                    thread_name: comm.into(),
+                });
             }
         }
         p
@@ -166,9 +194,18 @@ pub(crate) mod tests {
 
     #[test]
     fn format_from_path() {
-        assert_eq!(Format::from_path(Path::new("a/out.svg")), Some(Format::Flamegraph));
-        assert_eq!(Format::from_path(Path::new("out.txt")), Some(Format::Collapsed));
-        assert_eq!(Format::from_path(Path::new("p.speedscope.json")), Some(Format::Speedscope));
+        assert_eq!(
+            Format::from_path(Path::new("a/out.svg")),
+            Some(Format::Flamegraph)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("out.txt")),
+            Some(Format::Collapsed)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("p.speedscope.json")),
+            Some(Format::Speedscope)
+        );
         assert_eq!(Format::from_path(Path::new("p.bin")), None);
     }
 
@@ -182,7 +219,11 @@ pub(crate) mod tests {
             Err(io::Error::other("boom"))
         });
         assert!(err.is_err());
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file left behind");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "no file left behind"
+        );
         write_atomically(&dest, |w| w.write_all(b"whole")).unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
