@@ -10,11 +10,13 @@
 //!   stripped static 3.14; merge mismatches under 1 %.
 //! - `gil`: `--gil` on a free-threaded runtime (message, exclusion) and on 3.12 with a thread
 //!   spinning in C with the GIL released; `PYEBPF_STATS=1` reports the eBPF program's cost.
+//! - `command`: `record -- python …` (also through `chroot`) has named frames (deliverable 4).
 //!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
 //! ready file once its threads sit on their spinning lines (see `pyrecord/support.rs`).
 
 mod all;
+mod command;
 mod gil;
 mod native;
 mod stacks;

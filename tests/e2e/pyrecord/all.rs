@@ -70,11 +70,18 @@ fn check_spinner(rec: &Recording, what: &str, pid: u32, root: &str, expected: &[
         show(&mine, 10)
     );
     let exact = count_where(&mine, |s| s.frames[1..] == *expected);
-    eprintln!("{what} (pid {pid}): {exact}/{n} samples are its exact Python stack");
+    let bare = count_where(&mine, |s| s.frames.len() == 1);
+    let wrong = n - exact - bare;
+    eprintln!(
+        "{what} (pid {pid}): {exact}/{n} samples are its exact Python stack, {bare} have no \
+         frame under the root, {wrong} other"
+    );
     assert!(
         exact * 100 >= n * 90,
-        "{what} (pid {pid}): only {exact}/{n} samples under `{root}` are its Python stack ({})\n\
-         expected, outermost first:\n{}samples:\n{}summary: {}",
+        "{what} (pid {pid}): only {exact}/{n} samples under `{root}` are its Python stack; {bare} \
+         have no frame at all under the root (no Python frames: the process was not yet known to \
+         the kernel walk?), {wrong} have other frames ({})\nexpected, outermost first:\n{}\
+         samples:\n{}summary: {}",
         rec.what,
         show_frames(expected),
         show(&mine, 15),

@@ -115,6 +115,32 @@ fn deep_stack(name: &str) {
         &expected,
         MIN_SAMPLES,
     );
+    check_summary(&rec, name, w.pid);
+}
+
+/// Deliverable 7: the per-process summary line counts every sample of the process in the output
+/// and, for a process that only ever runs Python, reports them all with a full Python stack.
+#[track_caller]
+fn check_summary(rec: &Recording, what: &str, pid: u32) {
+    let line = rec.py_summary(pid).unwrap_or_else(|| {
+        panic!(
+            "{what}: no per-process summary line for pid {pid}:\n{}",
+            rec.stderr
+        )
+    });
+    let in_output = total(&rec.of_pid(pid));
+    let samples = rec.py_summary_count(pid, " samples,");
+    let full = rec.py_summary_count(pid, " with a full Python stack");
+    let truncated = rec.py_summary_count(pid, " truncated");
+    let mismatches = rec.py_summary_count(pid, " merge mismatches");
+    assert!(
+        samples == Some(in_output)
+            && full.is_some_and(|f| f * 100 >= in_output * 95)
+            && truncated == Some(0)
+            && mismatches == Some(0),
+        "{what}: per-process summary disagrees with the output ({in_output} samples of pid {pid} \
+         in it, all with a full Python stack, none truncated, no merge): {line}"
+    );
 }
 
 #[test]

@@ -378,7 +378,8 @@ pub fn record(args: &[&str], out: &Path, env: &[(&str, &str)]) -> Recording {
 /// The `record` command (not started).
 pub fn record_command(args: &[&str], out: &Path, env: &[(&str, &str)]) -> Command {
     let mut cmd = pyebpf(&["record"]);
-    cmd.args(args).arg("-o").arg(out).envs(env.iter().copied());
+    // `-o` first: `args` may end with `-- COMMAND …`.
+    cmd.arg("-o").arg(out).args(args).envs(env.iter().copied());
     cmd
 }
 
@@ -391,7 +392,7 @@ pub fn record_spawn(args: &[&str], out: &Path) -> Child {
 
 /// Checks a finished `record` and reads its output.
 pub fn finish(o: &Output, args: &[&str], out: &Path) -> Recording {
-    let what = format!("pyebpf record {} -o {}", args.join(" "), out.display());
+    let what = format!("pyebpf record -o {} {}", out.display(), args.join(" "));
     let stderr = text(&o.stderr);
     assert!(
         o.status.success(),
