@@ -4,7 +4,8 @@
 //! 1 % of samples.
 
 use super::support::{
-    OutDir, Recording, Sample, Workload, is_py_frame, record, setup, show, show_frames, total,
+    Launch, OutDir, Recording, Sample, Workload, is_py_frame, record, setup, show, show_frames,
+    total,
 };
 
 /// The marker the merge puts between the two halves of an unmergeable sample.
@@ -30,6 +31,11 @@ fn shape(frames: &[String], outer_py: &[String], pykey: &str) -> Shape {
     let Some(k) = frames.iter().position(|f| f.starts_with(pykey)) else {
         return Shape::NotInKey;
     };
+    if frames.iter().any(|f| f == MISMATCH_MARKER) {
+        return Shape::Bad(format!(
+            "merge mismatch: the native frames, then `{MISMATCH_MARKER}`, then the Python frames"
+        ));
+    }
     let py: Vec<&String> = frames[..k].iter().filter(|f| is_py_frame(f)).collect();
     if py.len() != outer_py.len() || py.iter().zip(outer_py).any(|(g, e)| *g != e) {
         return Shape::Bad(format!(
@@ -44,11 +50,6 @@ fn shape(frames: &[String], outer_py: &[String], pykey: &str) -> Shape {
     if between.is_empty() {
         return Shape::Bad(format!("no native frame between {} and pykey", frames[m]));
     }
-    if frames[..m].iter().any(|f| f == MISMATCH_MARKER)
-        || between.iter().any(|f| f == MISMATCH_MARKER)
-    {
-        return Shape::Bad("merge mismatch marker".to_string());
-    }
     Shape::Good {
         sort_named: between.iter().any(|f| f.to_lowercase().contains("sort")),
     }
@@ -56,9 +57,17 @@ fn shape(frames: &[String], outer_py: &[String], pykey: &str) -> Shape {
 
 /// `--native` merge of Python → C → Python on interpreter `name`. `symbols`: its binary has a
 /// symbol table, so the C frames between must name the sort.
-fn native_merge(name: &str, symbols: bool) {
+fn native_merge(name: &str, symbols: bool, launch: Launch) {
     let Some(interp) = setup(name) else { return };
-    let w = Workload::start(&interp, "rec_native.py", &[], &[]);
+    let w = Workload::start_as(&interp, "rec_native.py", &[], &[], launch);
+    let name = &format!("{name} ({launch:?} launch)");
+    if launch == Launch::HideDebugFiles {
+        let debug = format!("/proc/{}/root/usr/lib/debug", w.pid);
+        let seen: Vec<_> = std::fs::read_dir(&debug)
+            .unwrap_or_else(|e| panic!("{debug}: {e}"))
+            .collect();
+        assert!(seen.is_empty(), "{debug} is not hidden: {seen:?}");
+    }
     let tid = w.tid("sorter");
     let pykey = w.files.label_prefix("pykey");
     let dumped = w.dump_stack(tid);
@@ -73,7 +82,7 @@ fn native_merge(name: &str, symbols: bool) {
          moved):\n{}",
         show_frames(&dumped)
     );
-    let dir = OutDir::new(&format!("native-{name}"));
+    let dir = OutDir::new(&format!("native-{}-{launch:?}", interp.name));
     let pid = w.pid.to_string();
     let rec = record(
         &["-p", &pid, "-t", "--native", "-f", "collapsed", "-d", "3"],
@@ -133,10 +142,13 @@ fn native_merge(name: &str, symbols: bool) {
         good * 100 >= in_key * 95,
         "{name} --native: only {good}/{in_key} samples in pykey show the outer Python frames, \
          native frames, then pykey, in order ({})\nexpected Python frames, outermost first:\n{}\
-         wrong samples:\n{}",
+         wrong samples:\n{}\n{}\n{}",
         rec.what,
         show_frames(outer_py),
-        bad.join("\n")
+        bad.join("\n"),
+        rec.stderr_lines("errors:").join("\n"),
+        rec.py_summary(w.pid)
+            .unwrap_or("(no per-process summary line)")
     );
     if symbols {
         assert!(
@@ -186,10 +198,25 @@ fn check_mismatches(name: &str, rec: &Recording, pid: u32) {
 
 #[test]
 fn native_merge_python_c_python_3_12() {
-    native_merge("3.12", true);
+    native_merge("3.12", true, Launch::Plain);
 }
 
+/// Debian's 3.14 in the sid root, whose `python3.14-dbg` debug file is installed there.
 #[test]
 fn native_merge_python_c_python_3_14_static_stripped() {
-    native_merge("3.14", false);
+    native_merge("3.14", false, Launch::Plain);
+}
+
+/// Debian's 3.15 (frame pointers, also stripped with a `.cold` split), debug file installed.
+#[test]
+fn native_merge_python_c_python_3_15_static_stripped() {
+    native_merge("3.15", false, Launch::Plain);
+}
+
+/// Debian's 3.14 as most hosts have it: stripped, and no `-dbg` package — no symbol names the
+/// `.cold` part where its bytecode handlers run (cpython-layouts §11). The merge must still
+/// recognise the eval loop there (issue 4: "in stripped binaries too").
+#[test]
+fn native_merge_python_c_python_3_14_stripped_without_debug_file() {
+    native_merge("3.14", false, Launch::HideDebugFiles);
 }

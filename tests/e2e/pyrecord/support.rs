@@ -167,11 +167,25 @@ impl Workload {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Workload {
+        Workload::spawn_as(interp, script, args, env, Launch::Plain)
+    }
+
+    /// [`Workload::spawn`] with a choice of launch.
+    pub fn spawn_as(
+        interp: &Interpreter,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        launch: Launch,
+    ) -> Workload {
         let files = Installed::new(interp, script);
         let ready_inner = format!("{}/ready.json", files.inner_dir);
         let mut py_args = vec![files.script.as_str(), ready_inner.as_str()];
         py_args.extend_from_slice(args);
         let mut cmd = interp.command(&py_args);
+        if launch == Launch::HideDebugFiles {
+            cmd = hide_debug_files(interp, &py_args);
+        }
         let stderr_path = files.host_dir.join("stderr.txt");
         cmd.envs(env.iter().copied())
             .stdout(Stdio::null())
@@ -195,6 +209,19 @@ impl Workload {
         env: &[(&str, &str)],
     ) -> Workload {
         let mut w = Workload::spawn(interp, script, args, env);
+        w.wait_ready();
+        w
+    }
+
+    /// [`Workload::spawn_as`], then [`Workload::wait_ready`].
+    pub fn start_as(
+        interp: &Interpreter,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        launch: Launch,
+    ) -> Workload {
+        let mut w = Workload::spawn_as(interp, script, args, env, launch);
         w.wait_ready();
         w
     }
@@ -249,6 +276,45 @@ impl Workload {
     pub fn dump_stack(&self, tid: u32) -> Vec<String> {
         dump_stack(self.pid, tid)
     }
+}
+
+/// How to start a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// [`Interpreter::command`] (chrooted for interpreters with a root).
+    Plain,
+    /// In a private mount namespace whose `<root>/usr/lib/debug` is an empty tmpfs, then
+    /// chrooted (the interpreter must have a root): the target's separate debug files are not
+    /// there for a profiler looking through `/proc/PID/root`, as on a host without `-dbg`
+    /// packages. The process keeps its pid (`unshare`, `sh` and `chroot` all exec).
+    HideDebugFiles,
+}
+
+/// The [`Launch::HideDebugFiles`] command.
+fn hide_debug_files(interp: &Interpreter, py_args: &[&str]) -> Command {
+    const SCRIPT: &str = r#"set -e
+root=$1; shift
+mount -t tmpfs pyebpf-no-debug "$root/usr/lib/debug"
+exec chroot "$root" "$@""#;
+    let root = interp
+        .root
+        .as_ref()
+        .expect("HideDebugFiles needs an interpreter with a root");
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        SCRIPT,
+        "sh",
+    ])
+    .arg(root)
+    .arg(&interp.python)
+    .args(py_args)
+    .stdin(Stdio::null());
+    c
 }
 
 /// `pyebpf dump -p PID --json` (asserts success).
