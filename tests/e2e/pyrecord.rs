@@ -10,6 +10,7 @@
 //!   stripped static 3.14; merge mismatches under 1 %.
 //! - `gil`: `--gil` on a free-threaded runtime (message, exclusion) and on 3.12 with a thread
 //!   spinning in C with the GIL released; `PYEBPF_STATS=1` reports the eBPF program's cost.
+//! - `deliverables`: truncation past the frame cap; a non-Python process under `--all`.
 //! - `command`: `record -- python …` (also through `chroot`) has named frames (deliverable 4).
 //!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
@@ -17,6 +18,7 @@
 
 mod all;
 mod command;
+mod deliverables;
 mod gil;
 mod native;
 mod stacks;

@@ -159,6 +159,11 @@ fn deep_stack_3_13t() {
 }
 
 #[test]
+fn deep_stack_3_13t_static() {
+    deep_stack("3.13t-static");
+}
+
+#[test]
 fn deep_stack_3_14_sid_root() {
     deep_stack("3.14");
 }
