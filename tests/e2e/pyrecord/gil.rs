@@ -70,15 +70,19 @@ fn split(rec: &Recording, w: &Workload) -> (u64, u64, u64) {
     )
 }
 
-/// Acceptance 5b: 3.12, one thread spinning in Python and one hashing a 64 MiB buffer (GIL
-/// released) → with `--gil`, ≥ 95 % of the pid's samples are the Python thread's and the hashing
-/// thread has close to none. Without `--gil` (control) the hashing thread is sampled a lot.
-#[test]
-fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
-    let Some(interp) = setup("3.12") else { return };
-    let w = Workload::start(&interp, "rec_gil.py", &[], &[]);
+/// Acceptance 5b: one thread spinning in Python and one hashing a 64 MiB buffer (GIL released)
+/// → with `--gil`, ≥ 95 % of the pid's samples are the Python thread's and the hashing thread
+/// has close to none. Without `--gil` (control) the hashing thread is sampled a lot.
+fn gil_keeps_only_the_holder(name: &str, env: &[(&str, &str)]) {
+    let Some(interp) = setup(name) else { return };
+    let w = Workload::start(&interp, "rec_gil.py", &[], env);
+    assert!(
+        w.gil_enabled(),
+        "{name} {env:?}: the workload runs without a GIL (setup problem): {}",
+        w.ready
+    );
     let pid = w.pid.to_string();
-    let dir = OutDir::new("gil-312");
+    let dir = OutDir::new(&format!("gil-{name}"));
 
     let control = record(
         &["-p", &pid, "-t", "-f", "collapsed", "-d", "3"],
@@ -88,8 +92,8 @@ fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
     let (py, c, all) = split(&control, &w);
     assert!(
         c >= MIN_SAMPLES && py >= MIN_SAMPLES,
-        "control run without --gil: both threads should be busy, got py-spin {py}, c-hash {c} of \
-         {all} samples ({})\n{}",
+        "{name}: control run without --gil: both threads should be busy, got py-spin {py}, c-hash \
+         {c} of {all} samples ({})\n{}",
         control.what,
         show(&control.of_pid(w.pid), 10)
     );
@@ -100,16 +104,32 @@ fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
         &[],
     );
     let (py, c, all) = split(&rec, &w);
-    eprintln!("--gil 3.12: py-spin {py}, c-hash {c} of {all} samples");
+    eprintln!("--gil {name} {env:?}: py-spin {py}, c-hash {c} of {all} samples");
     assert!(
         py >= MIN_SAMPLES && py * 100 >= all * 95 && c * 100 <= all * 2,
-        "--gil on 3.12: want only the GIL-holding thread py-spin (≥ {MIN_SAMPLES} samples, ≥ 95 % \
-         of the pid's) and c-hash (GIL released while hashing) close to 0 (≤ 2 %); got py-spin \
-         {py}, c-hash {c} of {all} ({})\n{}\nstderr:\n{}",
+        "--gil on {name} {env:?}: want only the GIL-holding thread py-spin (≥ {MIN_SAMPLES} \
+         samples, ≥ 95 % of the pid's) and c-hash (GIL released while hashing) close to 0 \
+         (≤ 2 %); got py-spin {py}, c-hash {c} of {all} ({})\n{}\nstderr:\n{}",
         rec.what,
         show(&rec.of_pid(w.pid), 10),
         rec.stderr
     );
+}
+
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_12() {
+    gil_keeps_only_the_holder("3.12", &[]);
+}
+
+/// A free-threaded build with the GIL turned back on (`PYTHON_GIL=1`): `--gil` applies.
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_13t_gil_enabled() {
+    gil_keeps_only_the_holder("3.13t", &[("PYTHON_GIL", "1")]);
+}
+
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_14_sid_root() {
+    gil_keeps_only_the_holder("3.14", &[]);
 }
 
 /// Acceptance 6: the eBPF program loads on this kernel and, with `PYEBPF_STATS=1`, `record`
