@@ -216,6 +216,9 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     if let Target::Pids(pids) = &cfg.target {
         // The kernel walks their Python frames from the first drained samples on.
         tracker.wait_for(pids, Duration::from_secs(2));
+        for (pid, why) in tracker.failures(pids) {
+            eprintln!("pyebpf: no Python frames for pid {pid}: {why}");
+        }
     } else {
         tracker.tick(Instant::now());
     }
@@ -244,7 +247,8 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
         threads: cfg.threads,
     };
     let (drain, drained) = drain::start(collector, cfg.stack_bytes);
-    let capacity = drain::queue_capacity(cfg.stack_bytes);
+    // The stack builder's queue: a quarter of the drain's (memory stays bounded by both).
+    let capacity = (drain::queue_capacity(cfg.stack_bytes) / 4).max(1024);
     let (stage, rx) = pystage::start(stage_cfg, tracker, drained, capacity);
     // After the Python stage started: Python processes are announced to the kernel while this
     // slower scan runs (samples wait in the queues meanwhile).

@@ -50,7 +50,30 @@ const PYTHONS: [(&str, &str, Option<&str>); 6] = [
     ("3.15", "/usr/bin/python3.15", Some(SID)),
 ];
 
+/// `K.__init__` parked after the constructor call was specialised: 3.13+ default builds run
+/// it under the `__init__` shim frame (`_Py_InitCleanup`, cpython-layouts §3.4).
+const INIT_SCRIPT: &str = r"import threading, time
+class K:
+    def __init__(self, last):
+        if last:
+            print(threading.get_native_id(), flush=True)
+            time.sleep(600)
+def make():
+    for i in range(1000):
+        K(i == 999)
+make()
+";
+
 fn start(name: &str, python: &str, root: Option<&str>) -> Option<(Killed, u64)> {
+    start_script(name, python, root, SCRIPT)
+}
+
+fn start_script(
+    name: &str,
+    python: &str,
+    root: Option<&str>,
+    script: &str,
+) -> Option<(Killed, u64)> {
     let host = format!("{}{python}", root.unwrap_or(""));
     if !std::path::Path::new(&host).exists() {
         assert!(
@@ -69,7 +92,7 @@ fn start(name: &str, python: &str, root: Option<&str>) -> Option<(Killed, u64)> 
         None => Command::new(python),
     };
     let mut child = cmd
-        .args(["-c", SCRIPT])
+        .args(["-c", script])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -191,5 +214,36 @@ fn captured_frames_resolve_into_two_activations() {
             p.stats.full, 2,
             "{name}: a sample with an unknown frame is not full"
         );
+    }
+}
+
+#[test]
+fn init_shim_is_dropped() {
+    for (name, python, root) in PYTHONS {
+        let Some((child, tid)) = start_script(name, python, root, INIT_SCRIPT) else {
+            continue;
+        };
+        let pid = child.0.id();
+        let process = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let info = kernel_info(&process).unwrap();
+        let cap = capture(&ProcessMemory::new(pid), &info, tid);
+        let mut p = PyProc::new(process, name.into(), None);
+        let mut table = FrameTable::default();
+        let stack = p.resolve(&cap, &mut table);
+        let frames = table.take_new();
+        let mut ids = Vec::new();
+        python_only(&stack.items, &mut ids);
+        let fns: Vec<&str> = ids.iter().map(|i| &*frames[i.0 as usize].name).collect();
+        assert_eq!(fns, ["<module>", "make", "K.__init__"], "{name}");
+        let python_records = cap.frames.iter().filter(|f| f.owner < 3).count();
+        // The shim exists where the constructor call is specialised (3.13+, not free-threaded).
+        let shim = !name.starts_with("3.12") && !name.starts_with("3.13t");
+        assert_eq!(
+            python_records,
+            3 + usize::from(shim),
+            "{name}: raw frames {:?}",
+            cap.frames
+        );
+        assert!(p.stats.errors.is_empty(), "{name}: {:?}", p.stats.errors);
     }
 }

@@ -86,6 +86,8 @@ pub struct Tracker {
     finished_overflow: PyProcStats,
     /// Attach failures other than "not Python", by kind.
     pub attach_errors: BTreeMap<&'static str, u64>,
+    /// The last such failure of each pid, as a line (for `-p` targets; bounded).
+    failures: HashMap<u32, String>,
 }
 
 /// The kind name of an attach failure, `None` for a plain "not Python".
@@ -116,6 +118,7 @@ impl Tracker {
             finished: Vec::new(),
             finished_overflow: PyProcStats::default(),
             attach_errors: BTreeMap::new(),
+            failures: HashMap::new(),
         }
     }
 
@@ -134,6 +137,13 @@ impl Tracker {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// Why the attach of these pids failed, for those that are not plainly "not Python".
+    pub fn failures(&self, pids: &[u32]) -> Vec<(u32, String)> {
+        pids.iter()
+            .filter_map(|p| Some((*p, self.failures.get(p)?.clone())))
+            .collect()
     }
 
     /// Queues an urgent attach of `pid` (a `-p` target).
@@ -216,6 +226,9 @@ impl Tracker {
                     && next.is_none()
                 {
                     *self.attach_errors.entry(kind).or_default() += 1;
+                    if self.failures.len() < MAX_FINISHED {
+                        self.failures.insert(pid, e.to_string());
+                    }
                 }
                 if matches!(e, PyError::ProcessGone { .. }) {
                     self.negative.remove(&pid);
