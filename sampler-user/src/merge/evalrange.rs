@@ -4,7 +4,8 @@
 //! and each `_PyEval_EvalFrameDefault.<suffix>` piece (`.cold`, `.part.N`, …) from `.symtab`
 //! and `.dynsym` — and, for a stripped file, in its separate debug file
 //! (`/usr/lib/debug/.build-id/xx/yyyy.debug`, looked up inside the target's root first, then
-//! on the host; its build-id must match). Results are cached per file identity (device, inode,
+//! on the host; its build-id must match), else from `.eh_frame`: the `.cold` parts the exported
+//! symbol jumps into ([`ehframe`]). Results are cached per file identity (device, inode,
 //! build-id), so each build is read once per run (style rule 7).
 //! Input: an attached interpreter's [`Detected`] file. Output: [`FileEvalRanges`] (file
 //! addresses), turned into absolute [`EvalRanges`] per process with its load bias.
@@ -17,10 +18,10 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::procs::elf::{ElfError, ReadAt, read_elf_info, read_section};
+use crate::procs::elf::{ElfError, ReadAt, SHT_NOBITS, read_elf_info, read_section};
 use crate::python::Detected;
 
-use super::Role;
+use super::{Role, ehframe};
 
 /// Largest symbol or string table read.
 const MAX_TABLE: u64 = 64 << 20;
@@ -49,8 +50,9 @@ pub struct FileEvalRanges {
     pub ranges: Vec<EvalRange>,
     /// The file the symbols came from (the debug file for a stripped binary).
     pub symbols_from: String,
-    /// The file has no `.symtab` and no debug file was found: local pieces (`.cold`) may be
-    /// missing, and merges of samples in them will be counted as mismatches.
+    /// The file has no `.symtab`, no debug file was found and `.eh_frame` showed no `.cold`
+    /// part: local pieces may be missing, and merges of samples in them will be counted as
+    /// mismatches.
     pub incomplete: bool,
 }
 
@@ -215,6 +217,55 @@ pub fn ranges_in_elf(r: &(impl ReadAt + ?Sized)) -> Result<ElfEvalPieces, ElfErr
     })
 }
 
+/// Largest function whose code is scanned for jumps into its `.cold` parts.
+const MAX_SCANNED_CODE: u64 = 1 << 20;
+
+/// The fragment FDEs (`.cold` parts) that the eval-loop pieces in `known` jump into.
+fn fragments_from_eh_frame(r: &(impl ReadAt + ?Sized), known: &[EvalRange]) -> Vec<EvalRange> {
+    let Ok(info) = read_elf_info(r) else {
+        return Vec::new();
+    };
+    let Some(all) = info.section(b".eh_frame").and_then(|eh| {
+        Some(ehframe::fdes(
+            &read_section(r, eh, MAX_TABLE).ok()?,
+            eh.addr,
+        ))
+    }) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for k in known.iter().filter(|k| k.role == Role::Eval) {
+        let len = k.end.saturating_sub(k.start);
+        // The code bytes, through the section that holds them.
+        let Some(sec) = info
+            .sections
+            .iter()
+            .find(|s| s.sh_type != SHT_NOBITS && s.svma_range().contains(&k.start))
+        else {
+            continue;
+        };
+        if len == 0 || len > MAX_SCANNED_CODE || k.end > sec.svma_range().end {
+            continue;
+        }
+        let mut code = vec![0u8; len as usize];
+        let offset = sec.offset + (k.start - sec.addr);
+        if !matches!(r.read_at(&mut code, offset), Ok(n) if n == code.len()) {
+            continue;
+        }
+        for f in ehframe::jumped_fragments(&code, k.start, &all) {
+            let piece = EvalRange {
+                start: f.start,
+                end: f.end,
+                role: Role::Eval,
+            };
+            if !out.contains(&piece) && !known.contains(&piece) {
+                out.push(piece);
+            }
+        }
+    }
+    out
+}
+
 /// Candidate paths of the debug file of `build_id`: inside the target's root, then the host's.
 pub fn debug_file_paths(pid: u32, build_id: &[u8]) -> Vec<String> {
     let Some((first, rest)) = build_id.split_first() else {
@@ -284,6 +335,16 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
             symbols_from = p;
             incomplete = false;
             break;
+        }
+        if incomplete {
+            // No debug file: the `.cold` parts the exported symbol jumps into, from `.eh_frame`.
+            let extra = fragments_from_eh_frame(&file, &ranges);
+            incomplete = extra.is_empty();
+            if !incomplete {
+                symbols_from = format!("{} (.dynsym + .eh_frame)", d.path);
+            }
+            ranges.extend(extra);
+            ranges.sort_by_key(|r| r.start);
         }
     }
     if ranges.is_empty() {
@@ -442,6 +503,15 @@ mod tests {
             dbg_pieces.ranges.len() >= 2,
             "hot + .cold: {:?}",
             dbg_pieces.ranges
+        );
+        // Without the debug file, `.eh_frame` finds the same `.cold` piece.
+        let from_eh = fragments_from_eh_frame(&f, &exe.ranges);
+        let mut both = exe.ranges.clone();
+        both.extend(from_eh);
+        both.sort_by_key(|r| r.start);
+        assert_eq!(
+            both, dbg_pieces.ranges,
+            "the debug file's pieces, found without it"
         );
         let file = FileEvalRanges {
             ranges: dbg_pieces.ranges,

@@ -17,6 +17,7 @@
 //! frames — and reported as a mismatch: never dropped, never guessed.
 //! Constraints: pure (no I/O), generic over the frame type, allocation-free except `out`.
 
+pub mod ehframe;
 pub mod evalrange;
 
 pub use evalrange::{EvalRange, EvalRanges, FileEvalRanges};
