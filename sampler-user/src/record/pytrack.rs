@@ -341,19 +341,25 @@ impl Tracker {
         !self.pending.is_empty() || self.negative.values().any(|n| n.retry.is_some())
     }
 
-    /// Queues every process in `/proc` (for `--all`) behind the urgent requests.
+    /// Queues every process in `/proc` (for `--all`) behind the urgent requests, the busiest
+    /// first (CPU time over lifetime): those are the ones whose samples are coming.
     pub fn scan_all(&mut self) {
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return;
         };
-        for e in dir.flatten() {
-            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
-                && !self.procs.contains_key(&pid)
-                && !self.pending.contains_key(&pid)
-                && !self.negative.contains_key(&pid)
-            {
-                self.request(pid, None, false);
-            }
+        let mut pids: Vec<(u32, f64)> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                !self.procs.contains_key(pid)
+                    && !self.pending.contains_key(pid)
+                    && !self.negative.contains_key(pid)
+            })
+            .map(|pid| (pid, cpu_share(pid).unwrap_or(0.0)))
+            .collect();
+        pids.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (pid, _) in pids {
+            self.request(pid, None, false);
         }
     }
 
@@ -368,6 +374,27 @@ impl Tracker {
             .then_some(std::mem::take(&mut self.finished_overflow));
         (std::mem::take(&mut self.finished), overflow)
     }
+}
+
+/// CPU time over lifetime of `pid` (both in clock ticks, from `/proc/PID/stat`).
+fn cpu_share(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised comm (which may hold spaces): state is field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i - 3)?.parse::<f64>().ok();
+    let cpu = num(14)? + num(15)?;
+    let started = num(22)?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let age = (uptime * hz - started).max(1.0);
+    Some(cpu / age)
 }
 
 /// Adds `b` into `a` (for the overflow bucket).
@@ -509,6 +536,24 @@ mod tests {
         assert_eq!(stats[0].0, pid);
         assert_eq!(stats[0].1.version, "3.12");
         assert!(overflow.is_none());
+    }
+
+    #[test]
+    fn busy_processes_are_scanned_first() {
+        let busy = Killed(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap(),
+        );
+        let idle = Killed(Command::new("sleep").arg("30").spawn().unwrap());
+        std::thread::sleep(Duration::from_millis(300));
+        let (b, i) = (
+            cpu_share(busy.0.id()).unwrap(),
+            cpu_share(idle.0.id()).unwrap(),
+        );
+        assert!(b > 0.3 && i < 0.1, "busy {b}, idle {i}");
+        assert!(cpu_share(u32::MAX - 3).is_none());
     }
 
     #[test]
