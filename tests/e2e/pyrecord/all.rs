@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::support::{
     Installed, OutDir, Recording, Workload, comm, count_where, finish, is_py_frame, record_command,
-    record_spawn, setup, show, show_frames, total,
+    record_spawn, setup, show, show_frames, total, wait_sampling,
 };
 use crate::common::{Interpreter, run, text};
 
@@ -117,7 +117,8 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     let dir = OutDir::new("all");
     let out = dir.join("all.txt");
     let args = ["--all", "-f", "collapsed", "-d", "5"];
-    let child = record_spawn(&args, &out);
+    let mut child = record_spawn(&args, &out);
+    wait_sampling(&mut child);
 
     // A Python process started 1 s after the run begins (ready file awaited after the run).
     std::thread::sleep(Duration::from_secs(1));

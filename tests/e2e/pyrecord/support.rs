@@ -456,6 +456,44 @@ pub fn record_spawn(args: &[&str], out: &Path) -> Child {
     cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
 }
 
+/// Waits until the `record` process `child` samples: it holds at least one BPF link per online
+/// CPU (its CPU-clock perf events) and that count has been steady for half a second. `record`
+/// loads and verifies its program first, which takes seconds for a debug build on a busy
+/// machine; "N s after the run begins" counts from here.
+pub fn wait_sampling(child: &mut Child) {
+    // SAFETY: sysconf has no preconditions.
+    let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1);
+    let links = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf_link")
+                })
+                .count()
+        })
+    };
+    let t0 = Instant::now();
+    let (mut last, mut since) = (0, Instant::now());
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("record exited ({status}) before it started sampling");
+        }
+        let n = links(child.id());
+        if n != last {
+            (last, since) = (n, Instant::now());
+        } else if n >= cpus && since.elapsed() >= Duration::from_millis(500) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_mins(2),
+            "record (pid {}) holds {n} BPF links after 2 min, want ≥ {cpus}: not sampling?",
+            child.id()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Checks a finished `record` and reads its output.
 pub fn finish(o: &Output, args: &[&str], out: &Path) -> Recording {
     let what = format!("pyebpf record -o {} {}", out.display(), args.join(" "));
