@@ -45,7 +45,9 @@ impl Renderer for Speedscope {
             for &i in &idx {
                 let stack = profile.stack(profile.samples()[i].stack);
                 let (root, rest) = match stack.split_first() {
-                    Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => (Some(r), rest),
+                    Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => {
+                        (Some(r), rest)
+                    }
                     _ => (None, stack),
                 };
                 if let Some(r) = root {
@@ -86,7 +88,10 @@ mod tests {
         let mut buf = Vec::new();
         Speedscope.render(&p, &mut buf).unwrap();
         let v: Value = serde_json::from_slice(&buf).unwrap();
-        assert_eq!(v["$schema"], "https://www.speedscope.app/file-format-schema.json");
+        assert_eq!(
+            v["$schema"],
+            "https://www.speedscope.app/file-format-schema.json"
+        );
         let nframes = v["shared"]["frames"].as_array().unwrap().len();
         let profiles = v["profiles"].as_array().unwrap();
         assert_eq!(profiles.len(), 2);
