@@ -547,12 +547,13 @@ mod tests {
                 .unwrap(),
         );
         let idle = Killed(Command::new("sleep").arg("30").spawn().unwrap());
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(500));
         let (b, i) = (
             cpu_share(busy.0.id()).unwrap(),
             cpu_share(idle.0.id()).unwrap(),
         );
-        assert!(b > 0.3 && i < 0.1, "busy {b}, idle {i}");
+        // The machine may be loaded: the spinner gets some CPU, the sleeper next to none.
+        assert!(b > 0.05 && b > 5.0 * i, "busy {b}, idle {i}");
         assert!(cpu_share(u32::MAX - 3).is_none());
     }
 
