@@ -37,7 +37,11 @@ pub fn pyebpf_bin() -> PathBuf {
     }
     // Fallback for `cargo test -p integration-tests` run by hand after a debug build.
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/pyebpf");
-    assert!(p.exists(), "PYEBPF_BIN not set and {} missing: run `cargo xtask test`", p.display());
+    assert!(
+        p.exists(),
+        "PYEBPF_BIN not set and {} missing: run `cargo xtask test`",
+        p.display()
+    );
     p
 }
 
@@ -84,7 +88,8 @@ impl Interpreter {
         let inner = format!("/tmp/pyebpf-e2e/{name}");
         let host = self.host_path(&inner);
         std::fs::create_dir_all(host.parent().unwrap()).unwrap();
-        std::fs::copy(src, &host).unwrap_or_else(|e| panic!("copy {} → {}: {e}", src.display(), host.display()));
+        std::fs::copy(src, &host)
+            .unwrap_or_else(|e| panic!("copy {} → {}: {e}", src.display(), host.display()));
         inner
     }
 
@@ -137,7 +142,9 @@ pub fn interpreter(name: &str) -> Option<Interpreter> {
 
 /// Path of a file under `tests/workloads/`.
 pub fn workload(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("workloads")
+        .join(rel)
 }
 
 /// A child process killed (and reaped) on drop.
@@ -162,7 +169,10 @@ pub fn spawn_until(cmd: &mut Command, timeout: Duration, ready: impl Fn(u32) -> 
     let g = Guard(child);
     let t0 = Instant::now();
     while !ready(g.pid()) {
-        assert!(t0.elapsed() < timeout, "workload {cmd:?} not ready after {timeout:?}");
+        assert!(
+            t0.elapsed() < timeout,
+            "workload {cmd:?} not ready after {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     g

@@ -19,18 +19,29 @@ fn out_dir(test: &str) -> PathBuf {
 /// Starts the C workload `hot` (main → outer → middle → hot, spinning).
 fn start_hot() -> Guard {
     let bin = build_c("native/hot.c", &[]);
-    spawn_until(Command::new(bin).stdout(Stdio::null()), Duration::from_secs(5), |pid| {
-        // Spinning: its utime advances.
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok()
-    })
+    spawn_until(
+        Command::new(bin).stdout(Stdio::null()),
+        Duration::from_secs(5),
+        |pid| {
+            // Spinning: its utime advances.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok()
+        },
+    )
 }
 
 /// Parses folded stacks into (stack, count).
 fn parse_folded(s: &str) -> Vec<(String, u64)> {
     s.lines()
         .map(|l| {
-            let (stack, count) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line: {l:?}"));
-            (stack.to_string(), count.parse().unwrap_or_else(|_| panic!("bad count in {l:?}")))
+            let (stack, count) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad folded line: {l:?}"));
+            (
+                stack.to_string(),
+                count
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad count in {l:?}")),
+            )
         })
         .collect()
 }
@@ -40,7 +51,11 @@ fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
     let suffix = format!(" ({pid})");
     folded
         .iter()
-        .filter(|(s, _)| s.split(';').next().is_some_and(|root| root.ends_with(&suffix)))
+        .filter(|(s, _)| {
+            s.split(';')
+                .next()
+                .is_some_and(|root| root.ends_with(&suffix))
+        })
         .cloned()
         .collect()
 }
@@ -48,12 +63,19 @@ fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
 /// Fraction of samples whose stack contains `main;outer;middle;hot` in that order.
 fn hot_fraction(samples: &[(String, u64)]) -> (u64, u64) {
     let total: u64 = samples.iter().map(|(_, c)| c).sum();
-    let good: u64 = samples.iter().filter(|(s, _)| s.contains(";main;outer;middle;hot")).map(|(_, c)| c).sum();
+    let good: u64 = samples
+        .iter()
+        .filter(|(s, _)| s.contains(";main;outer;middle;hot"))
+        .map(|(_, c)| c)
+        .sum();
     (good, total)
 }
 
 fn lost_samples(stderr: &str) -> u64 {
-    let line = stderr.lines().find(|l| l.contains("lost samples:")).unwrap_or_else(|| panic!("no lost-sample line in:\n{stderr}"));
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("lost samples:"))
+        .unwrap_or_else(|| panic!("no lost-sample line in:\n{stderr}"));
     line.rsplit(':').next().unwrap().trim().parse().unwrap()
 }
 
@@ -66,13 +88,30 @@ fn native_stack_of_c_program_without_frame_pointers() {
     let dir = out_dir("native");
     let out = dir.join("hot.txt");
     let pid = hot.pid().to_string();
-    let o = run(pyebpf(&["record", "-p", &pid, "--native", "-f", "collapsed", "-d", "3", "-o"]).arg(&out));
+    let o = run(pyebpf(&[
+        "record",
+        "-p",
+        &pid,
+        "--native",
+        "-f",
+        "collapsed",
+        "-d",
+        "3",
+        "-o",
+    ])
+    .arg(&out));
     assert!(o.status.success(), "record failed: {}", text(&o.stderr));
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let mine = samples_of(&folded, hot.pid());
     let (good, total) = hot_fraction(&mine);
-    assert!(total >= 30, "too few samples of the C program: {total}\n{folded:?}");
-    assert!(good * 100 >= total * 90, "only {good}/{total} samples have main;outer;middle;hot:\n{folded:#?}");
+    assert!(
+        total >= 30,
+        "too few samples of the C program: {total}\n{folded:?}"
+    );
+    assert!(
+        good * 100 >= total * 90,
+        "only {good}/{total} samples have main;outer;middle;hot:\n{folded:#?}"
+    );
     assert_eq!(lost_samples(&text(&o.stderr)), 0, "lost samples at 99 Hz");
 }
 
@@ -89,23 +128,53 @@ fn all_processes_native_with_python_and_late_starter() {
     );
     let dir = out_dir("all");
     let out = dir.join("all.txt");
-    let mut rec = pyebpf(&["record", "--all", "--native", "-f", "collapsed", "-d", "4", "-o"]);
+    let mut rec = pyebpf(&[
+        "record",
+        "--all",
+        "--native",
+        "-f",
+        "collapsed",
+        "-d",
+        "4",
+        "-o",
+    ]);
     rec.arg(&out).stdout(Stdio::piped()).stderr(Stdio::piped());
     let rec = rec.spawn().unwrap();
     // A process that starts 1 s after recording began.
     std::thread::sleep(Duration::from_millis(1500));
-    let late = Guard(Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+    let late = Guard(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
     let o = rec.wait_with_output().unwrap();
     assert!(o.status.success(), "record failed: {}", text(&o.stderr));
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let (good, total) = hot_fraction(&samples_of(&folded, hot.pid()));
     assert!(total >= 10, "C program missing from --all: {total} samples");
-    assert!(good * 100 >= total * 90, "C stack wrong under --all: {good}/{total}");
+    assert!(
+        good * 100 >= total * 90,
+        "C stack wrong under --all: {good}/{total}"
+    );
     let py_samples: u64 = samples_of(&folded, py.pid()).iter().map(|(_, c)| c).sum();
-    assert!(py_samples >= 10, "busy python3 (pid {}) missing: {py_samples} samples", py.pid());
+    assert!(
+        py_samples >= 10,
+        "busy python3 (pid {}) missing: {py_samples} samples",
+        py.pid()
+    );
     let late_samples: u64 = samples_of(&folded, late.pid()).iter().map(|(_, c)| c).sum();
-    assert!(late_samples >= 5, "process started during the run (pid {}) missing: {late_samples}", late.pid());
-    assert!(folded.iter().any(|(s, _)| s.starts_with(&format!("hot ({})", hot.pid()))), "root frame is not `hot (pid)`");
+    assert!(
+        late_samples >= 5,
+        "process started during the run (pid {}) missing: {late_samples}",
+        late.pid()
+    );
+    assert!(
+        folded
+            .iter()
+            .any(|(s, _)| s.starts_with(&format!("hot ({})", hot.pid()))),
+        "root frame is not `hot (pid)`"
+    );
     assert_eq!(lost_samples(&text(&o.stderr)), 0);
 }
 
@@ -124,36 +193,61 @@ fn output_formats_are_valid() {
     ] {
         let path = dir.join(name);
         let o = run(pyebpf(&["record", "-p", &pid, "--native", "-d", "2", "-o"]).arg(&path));
-        assert!(o.status.success(), "record -o {name} failed: {}", text(&o.stderr));
+        assert!(
+            o.status.success(),
+            "record -o {name} failed: {}",
+            text(&o.stderr)
+        );
         check(&path);
     }
 }
 
 fn check_svg(path: &Path) {
     let svg = std::fs::read_to_string(path).unwrap();
-    let opts = roxmltree::ParsingOptions { allow_dtd: true, ..roxmltree::ParsingOptions::default() };
-    roxmltree::Document::parse_with_options(&svg, opts).unwrap_or_else(|e| panic!("SVG is not well-formed XML: {e}"));
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    roxmltree::Document::parse_with_options(&svg, opts)
+        .unwrap_or_else(|e| panic!("SVG is not well-formed XML: {e}"));
     for f in ["main", "outer", "middle", "hot"] {
-        assert!(svg.contains(&format!(">{f}<")) || svg.contains(&format!("<title>{f} (")), "SVG lacks {f}");
+        assert!(
+            svg.contains(&format!(">{f}<")) || svg.contains(&format!("<title>{f} (")),
+            "SVG lacks {f}"
+        );
     }
 }
 
 fn check_collapsed(path: &Path) {
     let folded = parse_folded(&std::fs::read_to_string(path).unwrap());
     assert!(!folded.is_empty());
-    assert!(folded.iter().any(|(s, _)| s.contains("main;outer;middle;hot")));
+    assert!(
+        folded
+            .iter()
+            .any(|(s, _)| s.contains("main;outer;middle;hot"))
+    );
 }
 
 fn check_speedscope(path: &Path) {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    assert_eq!(v["$schema"], "https://www.speedscope.app/file-format-schema.json");
+    assert_eq!(
+        v["$schema"],
+        "https://www.speedscope.app/file-format-schema.json"
+    );
     let frames = v["shared"]["frames"].as_array().expect("shared.frames");
     assert!(frames.iter().all(|f| f["name"].is_string()));
     let profiles = v["profiles"].as_array().expect("profiles");
     assert!(!profiles.is_empty());
     for p in profiles {
         assert_eq!(p["type"], "sampled");
-        for key in ["name", "unit", "startValue", "endValue", "samples", "weights"] {
+        for key in [
+            "name",
+            "unit",
+            "startValue",
+            "endValue",
+            "samples",
+            "weights",
+        ] {
             assert!(!p[key].is_null(), "profile lacks {key}");
         }
         let samples = p["samples"].as_array().unwrap();
@@ -183,8 +277,15 @@ fn sigint_writes_what_was_collected() {
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let t0 = std::time::Instant::now();
     let o = child.wait_with_output().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(10), "record did not stop promptly on SIGINT");
-    assert!(o.status.success(), "record after SIGINT: {}", text(&o.stderr));
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "record did not stop promptly on SIGINT"
+    );
+    assert!(
+        o.status.success(),
+        "record after SIGINT: {}",
+        text(&o.stderr)
+    );
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let n: u64 = samples_of(&folded, hot.pid()).iter().map(|(_, c)| c).sum();
     // Up to ~2 s at 99 Hz were taken before the signal; on a loaded 2-core machine the
@@ -201,10 +302,19 @@ fn command_is_profiled_until_it_exits() {
     let out = dir.join("cmd.txt");
     let o = run(pyebpf(&["record", "-f", "collapsed", "-o"])
         .arg(&out)
-        .args(["--", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]));
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done",
+        ]));
     assert!(o.status.success(), "record -- cmd: {}", text(&o.stderr));
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
-    let n: u64 = folded.iter().filter(|(s, _)| s.starts_with("sh (")).map(|(_, c)| c).sum();
+    let n: u64 = folded
+        .iter()
+        .filter(|(s, _)| s.starts_with("sh ("))
+        .map(|(_, c)| c)
+        .sum();
     assert!(n >= 20, "the command's samples are missing: {folded:?}");
 }
 
@@ -214,11 +324,27 @@ fn kernel_frames_above_user_frames() {
         return;
     }
     let bin = build_c("native/readloop.c", &[]);
-    let rl = spawn_until(Command::new(bin).stdout(Stdio::null()), Duration::from_secs(5), |_| true);
+    let rl = spawn_until(
+        Command::new(bin).stdout(Stdio::null()),
+        Duration::from_secs(5),
+        |_| true,
+    );
     let dir = out_dir("kernel");
     let out = dir.join("k.txt");
     let pid = rl.pid().to_string();
-    let o = run(pyebpf(&["record", "-p", &pid, "--native", "--kernel", "-f", "collapsed", "-d", "3", "-o"]).arg(&out));
+    let o = run(pyebpf(&[
+        "record",
+        "-p",
+        &pid,
+        "--native",
+        "--kernel",
+        "-f",
+        "collapsed",
+        "-d",
+        "3",
+        "-o",
+    ])
+    .arg(&out));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let mine = samples_of(&folded, rl.pid());
@@ -226,13 +352,18 @@ fn kernel_frames_above_user_frames() {
         .iter()
         .filter(|(s, _)| {
             let frames: Vec<&str> = s.split(';').collect();
-            let k = frames.iter().position(|f| *f == "vfs_read_[k]" || *f == "ksys_read_[k]");
+            let k = frames
+                .iter()
+                .position(|f| *f == "vfs_read_[k]" || *f == "ksys_read_[k]");
             let m = frames.iter().position(|f| *f == "main");
             matches!((m, k), (Some(m), Some(k)) if m < k)
         })
         .map(|(_, c)| c)
         .sum();
-    assert!(with_read > 0, "no sample shows main below vfs_read/ksys_read:\n{mine:#?}");
+    assert!(
+        with_read > 0,
+        "no sample shows main below vfs_read/ksys_read:\n{mine:#?}"
+    );
 }
 
 /// Runs a failing `record`; asserts one clear line mentioning `needle`, non-zero exit, and no
@@ -240,10 +371,17 @@ fn kernel_frames_above_user_frames() {
 fn expect_user_error(cmd: &mut Command, dir: &Path, needle: &str) {
     let o = run(cmd);
     let err = text(&o.stderr);
-    assert!(!o.status.success(), "expected failure ({needle}), got success: {err}");
+    assert!(
+        !o.status.success(),
+        "expected failure ({needle}), got success: {err}"
+    );
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {err}");
-    assert!(lines[0].to_lowercase().contains(needle), "expected '{needle}' in: {}", lines[0]);
+    assert!(
+        lines[0].to_lowercase().contains(needle),
+        "expected '{needle}' in: {}",
+        lines[0]
+    );
     let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
@@ -256,19 +394,43 @@ fn user_errors_before_sampling() {
     let dir = out_dir("errors");
     let out = dir.join("x.svg");
     // No such pid.
-    expect_user_error(pyebpf(&["record", "-p", "999999999", "-d", "1", "-o"]).arg(&out), &dir, "no such process");
+    expect_user_error(
+        pyebpf(&["record", "-p", "999999999", "-d", "1", "-o"]).arg(&out),
+        &dir,
+        "no such process",
+    );
     // Unwritable output path.
     expect_user_error(
-        &mut pyebpf(&["record", "--all", "-d", "1", "-o", "/proc/pyebpf-cannot-write/x.svg"]),
+        &mut pyebpf(&[
+            "record",
+            "--all",
+            "-d",
+            "1",
+            "-o",
+            "/proc/pyebpf-cannot-write/x.svg",
+        ]),
         &dir,
         "cannot write",
     );
     // Not root: the real binary as nobody with no capabilities.
     let bin = crate::common::pyebpf_bin();
     let mut c = Command::new("setpriv");
-    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
-        .arg(&bin)
-        .args(["record", "--all", "-d", "1", "-o", "/tmp/pyebpf-nobody-test.svg"]);
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ])
+    .arg(&bin)
+    .args([
+        "record",
+        "--all",
+        "-d",
+        "1",
+        "-o",
+        "/tmp/pyebpf-nobody-test.svg",
+    ]);
     let o = run(&mut c);
     let err = text(&o.stderr);
     assert!(!o.status.success());
@@ -277,12 +439,16 @@ fn user_errors_before_sampling() {
     assert!(!Path::new("/tmp/pyebpf-nobody-test.svg").exists());
     // Kernel without BTF, and an unsupported kernel.
     expect_user_error(
-        pyebpf(&["record", "--all", "-d", "1", "-o"]).arg(&out).env("PYEBPF_TEST_FAKE_BTF_PATH", "/nonexistent/vmlinux"),
+        pyebpf(&["record", "--all", "-d", "1", "-o"])
+            .arg(&out)
+            .env("PYEBPF_TEST_FAKE_BTF_PATH", "/nonexistent/vmlinux"),
         &dir,
         "btf",
     );
     expect_user_error(
-        pyebpf(&["record", "--all", "-d", "1", "-o"]).arg(&out).env("PYEBPF_TEST_FAKE_KERNEL_RELEASE", "4.19.0"),
+        pyebpf(&["record", "--all", "-d", "1", "-o"])
+            .arg(&out)
+            .env("PYEBPF_TEST_FAKE_KERNEL_RELEASE", "4.19.0"),
         &dir,
         "unsupported kernel",
     );

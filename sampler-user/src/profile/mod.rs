@@ -46,7 +46,13 @@ pub struct Frame {
 impl Frame {
     /// A frame with only a kind and a name.
     pub fn new(kind: FrameKind, name: impl Into<Arc<str>>) -> Self {
-        Frame { kind, name: name.into(), module: None, file: None, line: None }
+        Frame {
+            kind,
+            name: name.into(),
+            module: None,
+            file: None,
+            line: None,
+        }
     }
 
     /// The label used in flame graphs and folded stacks: `function (file:line)` for Python,
@@ -126,7 +132,10 @@ pub struct Profile {
 impl Profile {
     /// An empty profile.
     pub fn new(meta: RunMeta) -> Self {
-        Profile { meta, ..Profile::default() }
+        Profile {
+            meta,
+            ..Profile::default()
+        }
     }
 
     /// Interns a frame.
@@ -218,11 +227,14 @@ impl Profile {
 
 /// Makes a label safe for the folded format: no `;`, no line breaks.
 pub fn sanitize_label(label: &str) -> String {
-    label.chars().map(|c| match c {
-        ';' => ':',
-        '\n' | '\r' => ' ',
-        c => c,
-    }).collect()
+    label
+        .chars()
+        .map(|c| match c {
+            ';' => ':',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -230,8 +242,10 @@ mod tests {
     use super::*;
 
     fn sample(p: &mut Profile, names: &[&str], pid: u32) {
-        let ids: Vec<FrameId> =
-            names.iter().map(|n| p.intern_frame(Frame::new(FrameKind::Native, *n))).collect();
+        let ids: Vec<FrameId> = names
+            .iter()
+            .map(|n| p.intern_frame(Frame::new(FrameKind::Native, *n)))
+            .collect();
         let stack = p.intern_stack(&ids);
         p.add_sample(Sample {
             stack,
@@ -253,7 +267,10 @@ mod tests {
         assert_eq!(p.frames().len(), 3);
         assert_eq!(p.stack_counts(), vec![(StackId(0), 2), (StackId(1), 1)]);
         assert_eq!(p.process_count(), 2);
-        assert_eq!(p.folded_lines(), vec!["a;b 2".to_string(), "a;c 1".to_string()]);
+        assert_eq!(
+            p.folded_lines(),
+            vec!["a;b 2".to_string(), "a;c 1".to_string()]
+        );
     }
 
     #[test]
@@ -262,7 +279,10 @@ mod tests {
         f.file = Some("/a/w.py".into());
         f.line = Some(12);
         assert_eq!(f.label(), "Worker.run (/a/w.py:12)");
-        assert_eq!(Frame::new(FrameKind::Kernel, "vfs_read").label(), "vfs_read_[k]");
+        assert_eq!(
+            Frame::new(FrameKind::Kernel, "vfs_read").label(),
+            "vfs_read_[k]"
+        );
         assert_eq!(sanitize_label("a;b\nc"), "a:b c");
     }
 }
