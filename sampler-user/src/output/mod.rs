@@ -141,13 +141,15 @@ pub(crate) mod tests {
     use super::*;
     use crate::profile::{Frame, FrameKind, Profile, RunMeta, Sample};
 
+    /// (comm, pid, frames, samples) of the demo profile.
+    type DemoStack<'a> = (&'a str, u32, &'a [(FrameKind, &'a str)], u32);
+
     /// A small profile with two processes, Python, native and kernel frames.
     pub(crate) fn demo_profile() -> Profile {
         let mut p = Profile::new(RunMeta {
             rate_hz: 99,
             ..RunMeta::default()
         });
-        type DemoStack<'a> = (&'a str, u32, &'a [(FrameKind, &'a str)], u32);
         let stacks: [DemoStack<'_>; 3] = [
             (
                 "app",
