@@ -1,15 +1,18 @@
 //! Issue 4 acceptance: `pyebpf record` shows Python stacks captured in the kernel at the sample
 //! instant, on every provisioned CPython.
 //!
-//! - `stacks`: a depth-20 stack on 3.12, 3.13, 3.13t, 3.14 (sid root) and 3.15 is exactly what
-//!   `dump` shows in ≥ 95 % of the thread's samples; 3.13t with the GIL disabled, four threads in
-//!   four functions in parallel → each thread's samples show only its own function.
+//! - `stacks`: a depth-20 stack on 3.12, 3.13, 3.13t, 3.13t-static, 3.14 (sid root) and 3.15 is
+//!   exactly what `dump` shows in ≥ 95 % of the thread's samples, and the per-process summary
+//!   agrees; 3.13t with the GIL disabled, four threads in four functions in parallel → each
+//!   thread's samples show only its own function.
 //! - `all`: `record --all` with 3.12, 3.13t and 3.14 at once (collapsed and SVG), a late starter
 //!   and a process that lives ~200 ms.
 //! - `native`: `--native` Python → C → Python (`sorted` with a Python key) on 3.12 and Debian's
-//!   stripped static 3.14; merge mismatches under 1 %.
-//! - `gil`: `--gil` on a free-threaded runtime (message, exclusion) and on 3.12 with a thread
-//!   spinning in C with the GIL released; `PYEBPF_STATS=1` reports the eBPF program's cost.
+//!   stripped static 3.14 (with its debug file, and with it hidden) and 3.15; merge mismatches
+//!   under 1 %.
+//! - `gil`: `--gil` on a free-threaded runtime (message, exclusion) and, on 3.12, 3.13t with
+//!   `PYTHON_GIL=1` and 3.14, with a thread spinning in C with the GIL released; `PYEBPF_STATS=1`
+//!   reports the eBPF program's cost.
 //! - `deliverables`: truncation past the frame cap; a non-Python process under `--all`.
 //! - `command`: `record -- python …` (also through `chroot`) has named frames (deliverable 4).
 //!
