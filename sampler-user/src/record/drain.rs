@@ -30,6 +30,9 @@ pub enum Drained {
 pub struct Drain {
     stop: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
+    /// Samples taken before this kernel time (ns, `CLOCK_MONOTONIC` like `bpf_ktime_get_ns`)
+    /// are not part of the run: set-up was still in progress.
+    start_ns: Arc<AtomicU64>,
     handle: JoinHandle<(Collector, Result<(), CollectError>)>,
 }
 
@@ -51,15 +54,18 @@ pub struct Finished {
 }
 
 /// Starts draining `collector` into a bounded channel sized for `stack_bytes` per sample.
-pub fn start(mut collector: Collector, stack_bytes: u32) -> (Drain, Receiver<Drained>) {
+///
+/// With `hold`, samples are discarded (process events are kept) until [`Drain::begin_now`].
+pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, Receiver<Drained>) {
     let (tx, rx) = sync_channel(queue_capacity(stack_bytes));
     let stop = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicU64::new(0));
-    let (s, d) = (stop.clone(), dropped.clone());
+    let start_ns = Arc::new(AtomicU64::new(if hold { u64::MAX } else { 0 }));
+    let (s, d, b) = (stop.clone(), dropped.clone(), start_ns.clone());
     let handle = std::thread::Builder::new()
         .name("pyebpf-drain".into())
         .spawn(move || {
-            let r = run(&mut collector, &tx, &s, &d);
+            let r = run(&mut collector, &tx, &s, &d, &b);
             (collector, r)
         })
         .expect("spawn drain thread");
@@ -67,6 +73,7 @@ pub fn start(mut collector: Collector, stack_bytes: u32) -> (Drain, Receiver<Dra
         Drain {
             stop,
             dropped,
+            start_ns,
             handle,
         },
         rx,
@@ -78,6 +85,7 @@ fn run(
     tx: &SyncSender<Drained>,
     stop: &AtomicBool,
     dropped: &AtomicU64,
+    start_ns: &AtomicU64,
 ) -> Result<(), CollectError> {
     let mut batch = Vec::new();
     loop {
@@ -93,6 +101,7 @@ fn run(
         )?;
         for ev in batch.drain(..) {
             let item = match ev {
+                Event::Sample(s) if s.time_ns < start_ns.load(Ordering::Acquire) => continue,
                 Event::Sample(s) => {
                     let k = (s.kernel_stack_id >= 0)
                         .then(|| c.kernel_stack(s.kernel_stack_id))
@@ -122,6 +131,21 @@ fn run(
 }
 
 impl Drain {
+    /// Ends the hold of [`start`]: samples from now on are part of the run.
+    pub fn begin_now(&self) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into our timespec. CLOCK_MONOTONIC is the clock of
+        // bpf_ktime_get_ns.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+        let now = (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64);
+        self.start_ns.store(now, Ordering::Release);
+    }
+
     /// Stops the thread after a final drain; returns the collector's counters, the user-space
     /// drop count and the program's statistics. The collector (and its channel end) is dropped.
     pub fn finish(self) -> Result<Finished, CollectError> {

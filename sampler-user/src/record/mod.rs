@@ -205,11 +205,14 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     signals::install();
     // Attaches start now, on their own threads, while the eBPF object loads.
     let mut tracker = pytrack::Tracker::new(cfg.native);
-    match &cfg.target {
+    let busy = match &cfg.target {
         Target::All => tracker.scan_all(),
-        Target::Pids(pids) => pids.iter().for_each(|&pid| tracker.request_now(pid)),
-        Target::Command(_) => {}
-    }
+        Target::Pids(pids) => {
+            pids.iter().for_each(|&pid| tracker.request_now(pid));
+            Vec::new()
+        }
+        Target::Command(_) => Vec::new(),
+    };
     let (mut collector, mut child) = start(cfg)?;
     // Taken before the collector moves into the drain thread: the Python stage writes it.
     tracker.set_sink(Box::new(collector.take_python_procs()?));
@@ -222,12 +225,22 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     } else {
         tracker.tick(Instant::now());
     }
+    let all = matches!(cfg.target, Target::All);
+    // With --all, the run begins once the busy Python processes are announced to the kernel:
+    // until then their samples would carry no Python frames. The drain runs meanwhile (the
+    // ring buffer never fills) and discards those early samples.
+    let cpus = collector.online_cpus();
+    let (drain, drained) = drain::start(collector, cfg.stack_bytes, all);
+    if all {
+        tracker.wait_for(&busy, Duration::from_secs(3));
+        drain.begin_now();
+    }
     let meta = RunMeta {
         host: hostname(),
         kernel: kernel_release(),
         start_unix_s: libc_time() as u64,
         rate_hz: cfg.rate_hz,
-        cpus: collector.online_cpus(),
+        cpus,
         command_line: argv.to_vec(),
         ..RunMeta::default()
     };
@@ -246,7 +259,6 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
         gil: cfg.gil,
         threads: cfg.threads,
     };
-    let (drain, drained) = drain::start(collector, cfg.stack_bytes);
     // The stack builder's queue: a quarter of the drain's (memory stays bounded by both).
     let capacity = (drain::queue_capacity(cfg.stack_bytes) / 4).max(1024);
     let (stage, rx) = pystage::start(stage_cfg, tracker, drained, capacity);

@@ -342,10 +342,12 @@ impl Tracker {
     }
 
     /// Queues every process in `/proc` (for `--all`) behind the urgent requests, the busiest
-    /// first (CPU time over lifetime): those are the ones whose samples are coming.
-    pub fn scan_all(&mut self) {
+    /// first (CPU time over lifetime): those are the ones whose samples are coming. Returns
+    /// the busy ones (at least 5 % of a CPU over their lifetime), whose attach `record` waits
+    /// for before the run begins.
+    pub fn scan_all(&mut self) -> Vec<u32> {
         let Ok(dir) = std::fs::read_dir("/proc") else {
-            return;
+            return Vec::new();
         };
         let mut pids: Vec<(u32, f64)> = dir
             .flatten()
@@ -358,9 +360,15 @@ impl Tracker {
             .map(|pid| (pid, cpu_share(pid).unwrap_or(0.0)))
             .collect();
         pids.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let busy = pids
+            .iter()
+            .filter(|(_, share)| *share >= 0.05)
+            .map(|(pid, _)| *pid)
+            .collect();
         for (pid, _) in pids {
             self.request(pid, None, false);
         }
+        busy
     }
 
     /// The stats of every Python process of the run, by pid (finished ones included), and the
