@@ -208,7 +208,9 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let busy = match &cfg.target {
         Target::All => tracker.scan_all(),
         Target::Pids(pids) => {
-            pids.iter().for_each(|&pid| tracker.request_now(pid));
+            for &pid in pids {
+                tracker.request_now(pid);
+            }
             Vec::new()
         }
         Target::Command(_) => Vec::new(),
