@@ -140,6 +140,24 @@ pub fn interpreter(name: &str) -> Option<Interpreter> {
     found
 }
 
+/// The interpreter `name` from the manifest, if root and the interpreter are available; `None`
+/// after a loud skip (or a panic under CI).
+pub fn require_interpreter(name: &str) -> Option<Interpreter> {
+    if !require_root() {
+        return None;
+    }
+    let interp = interpreter(name)?;
+    let exe = interp.host_path(&interp.python);
+    if !exe.exists() {
+        missing(&format!(
+            "interpreter {name}: {} does not exist",
+            exe.display()
+        ));
+        return None;
+    }
+    Some(interp)
+}
+
 /// Path of a file under `tests/workloads/`.
 pub fn workload(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

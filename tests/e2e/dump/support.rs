@@ -16,30 +16,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{
-    Guard, Interpreter, interpreter, missing, pyebpf, require_root, run, text, workload,
-};
+use crate::common::{Guard, Interpreter, pyebpf, run, text, workload};
 
 /// How long a workload may take to become ready (a 2-core machine busy with other tests).
 const READY_TIMEOUT: Duration = Duration::from_mins(6);
 
-/// The interpreter `name` from the manifest, if root and the interpreter are available; `None`
-/// after a loud skip (or a panic under CI).
-pub fn setup(name: &str) -> Option<Interpreter> {
-    if !require_root() {
-        return None;
-    }
-    let interp = interpreter(name)?;
-    let exe = interp.host_path(&interp.python);
-    if !exe.exists() {
-        missing(&format!(
-            "interpreter {name}: {} does not exist",
-            exe.display()
-        ));
-        return None;
-    }
-    Some(interp)
-}
+/// The interpreter `name`, if root and the interpreter are available (shared with the other
+/// e2e modules).
+pub use crate::common::require_interpreter as setup;
 
 /// How to start the workload.
 #[derive(Clone, Copy, PartialEq, Eq)]

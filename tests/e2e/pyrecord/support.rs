@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{
-    Guard, Interpreter, interpreter, missing, pyebpf, require_root, run, text, workload,
-};
+use crate::common::{Guard, Interpreter, pyebpf, run, text, workload};
 
 /// How long a workload may take to become ready (a 2-core machine busy with other tests).
 pub const READY_TIMEOUT: Duration = Duration::from_mins(6);
@@ -31,23 +29,9 @@ pub fn unique(tag: &str) -> String {
     format!("{tag}-{}-{n}", std::process::id())
 }
 
-/// The interpreter `name`, if root and the interpreter are available; `None` after a loud skip
-/// (or a panic under CI).
-pub fn setup(name: &str) -> Option<Interpreter> {
-    if !require_root() {
-        return None;
-    }
-    let interp = interpreter(name)?;
-    let exe = interp.host_path(&interp.python);
-    if !exe.exists() {
-        missing(&format!(
-            "interpreter {name}: {} does not exist",
-            exe.display()
-        ));
-        return None;
-    }
-    Some(interp)
-}
+/// The interpreter `name`, if root and the interpreter are available (shared with the other
+/// e2e modules).
+pub use crate::common::require_interpreter as setup;
 
 /// A fresh host directory for one test's outputs, removed on drop.
 pub struct OutDir(pub PathBuf);
