@@ -6,6 +6,10 @@ use super::support::{OutDir, Recording, Workload, record, setup, show, total};
 
 /// Fewest samples of a spinning thread in 3 s that we accept.
 const MIN_SAMPLES: u64 = 30;
+/// The hashing thread's samples in the control run: it must be seen on CPU without the GIL at
+/// all (it re-acquires the GIL between buffers, and on a loaded 2-core machine often waits for
+/// it, so its share varies a lot: 8 % to 50 % seen), so that `--gil` removing it means something.
+const MIN_CONTROL_HASH_SAMPLES: u64 = 10;
 
 /// Acceptance 5a: `--gil` with a 3.13t target whose GIL is disabled → the message, once, and no
 /// samples of it; a 3.12 target recorded alongside keeps its samples.
@@ -91,7 +95,7 @@ fn gil_keeps_only_the_holder(name: &str, env: &[(&str, &str)]) {
     );
     let (py, c, all) = split(&control, &w);
     assert!(
-        c >= MIN_SAMPLES && py >= MIN_SAMPLES,
+        c >= MIN_CONTROL_HASH_SAMPLES && py >= MIN_SAMPLES,
         "{name}: control run without --gil: both threads should be busy, got py-spin {py}, c-hash \
          {c} of {all} samples ({})\n{}",
         control.what,
