@@ -158,6 +158,19 @@ pub fn require_interpreter(name: &str) -> Option<Interpreter> {
     Some(interp)
 }
 
+/// `# LINE:<tag>` markers of a workload script: tag → 1-based line.
+pub fn markers(source: &str) -> std::collections::BTreeMap<String, i64> {
+    let mut found = std::collections::BTreeMap::new();
+    for (i, line) in source.lines().enumerate() {
+        if let Some((_, rest)) = line.split_once("# LINE:") {
+            let tag = rest.split_whitespace().next().expect("empty # LINE: tag");
+            let dup = found.insert(tag.to_string(), i as i64 + 1);
+            assert!(dup.is_none(), "duplicate marker {tag}");
+        }
+    }
+    found
+}
+
 /// Path of a file under `tests/workloads/`.
 pub fn workload(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -51,18 +51,7 @@ pub struct Workload {
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// `# LINE:<tag>` markers of a workload script: tag → 1-based line.
-pub fn markers(source: &str) -> BTreeMap<String, i64> {
-    let mut found = BTreeMap::new();
-    for (i, line) in source.lines().enumerate() {
-        if let Some((_, rest)) = line.split_once("# LINE:") {
-            let tag = rest.split_whitespace().next().expect("empty # LINE: tag");
-            let dup = found.insert(tag.to_string(), i as i64 + 1);
-            assert!(dup.is_none(), "duplicate marker {tag}");
-        }
-    }
-    found
-}
+pub use crate::common::markers;
 
 impl Workload {
     /// Installs `tests/workloads/py/<script>` as `installed_name` (plus `harness.py`) in a fresh

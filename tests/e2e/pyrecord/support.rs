@@ -115,18 +115,7 @@ impl Drop for Installed {
     }
 }
 
-/// `# LINE:<tag>` markers of a workload script: tag → 1-based line.
-pub fn markers(source: &str) -> BTreeMap<String, i64> {
-    let mut found = BTreeMap::new();
-    for (i, line) in source.lines().enumerate() {
-        if let Some((_, rest)) = line.split_once("# LINE:") {
-            let tag = rest.split_whitespace().next().expect("empty # LINE: tag");
-            let dup = found.insert(tag.to_string(), i as i64 + 1);
-            assert!(dup.is_none(), "duplicate marker {tag}");
-        }
-    }
-    found
-}
+pub use crate::common::markers;
 
 /// A running workload that writes a ready file; killed (and its directory removed) on drop.
 pub struct Workload {
