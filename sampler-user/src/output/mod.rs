@@ -188,6 +188,7 @@ pub(crate) mod tests {
                     cpu: 0,
                     comm: comm.into(),
                     thread_name: comm.into(),
+                    gil: crate::profile::GilState::Unknown,
                 });
             }
         }

@@ -75,6 +75,34 @@ pub struct FrameId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackId(pub u32);
 
+/// Whether the sampled thread held the GIL (from the words the eBPF program read with the
+/// sample's Python frames).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GilState {
+    /// Not a Python sample, or the GIL words could not be read.
+    #[default]
+    Unknown,
+    /// The thread held the GIL.
+    Held,
+    /// The GIL was free or held by another thread.
+    Released,
+    /// A free-threaded interpreter running without a GIL.
+    Disabled,
+}
+
+impl GilState {
+    /// Short lower-case name (`unknown`, `held`, `released`, `disabled`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GilState::Unknown => "unknown",
+            GilState::Held => "held",
+            GilState::Released => "released",
+            GilState::Disabled => "disabled",
+        }
+    }
+}
+
 /// One sample: its stack and who/where/when.
 #[derive(Clone, Debug)]
 pub struct Sample {
@@ -92,6 +120,8 @@ pub struct Sample {
     pub comm: Arc<str>,
     /// Thread name (the OS thread name, or the Python `threading` name where known).
     pub thread_name: Arc<str>,
+    /// GIL state of the thread at the sample.
+    pub gil: GilState,
 }
 
 /// Run metadata that every output can show.
@@ -255,6 +285,7 @@ mod tests {
             cpu: 0,
             comm: "x".into(),
             thread_name: "x".into(),
+            gil: GilState::Unknown,
         });
     }
 

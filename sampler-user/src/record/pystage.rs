@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use sampler_common::py_flags;
 
 use crate::collect::{Event, PyCaptured, RawSample};
-use crate::profile::Frame;
+use crate::profile::{Frame, GilState};
 
 use super::drain::Drained;
 use super::pyproc::{PyProcStats, PyStack};
@@ -38,6 +38,8 @@ pub struct StagedSample {
     pub thread_name: Option<Arc<str>>,
     /// Python frames numbered since the previous item (indices continue the run's table).
     pub new_frames: Vec<Frame>,
+    /// GIL state of the thread at the sample.
+    pub gil: GilState,
 }
 
 /// One item for the stack builder.
@@ -187,6 +189,7 @@ impl Stage {
                 py: None,
                 thread_name: None,
                 new_frames: self.table.take_new(),
+                gil: GilState::Unknown,
             });
         };
         if gil && !gil_keep(pid, proc, cap.as_ref()) {
@@ -215,6 +218,7 @@ impl Stage {
             py,
             thread_name,
             new_frames: self.table.take_new(),
+            gil: gil_state(cap.as_ref()),
         })
     }
 
@@ -235,6 +239,24 @@ impl Stage {
             samples,
             busy,
         }
+    }
+}
+
+/// The GIL state recorded with a sample, from the words captured with its Python frames.
+fn gil_state(cap: Option<&PyCaptured>) -> GilState {
+    match cap {
+        Some(c) if c.flags & py_flags::CAPTURED != 0 => {
+            if c.gil_enabled == 0 {
+                GilState::Disabled
+            } else if c.gil_locked < 0 {
+                GilState::Unknown
+            } else if c.gil_locked != 0 && c.gil_holder == c.tstate {
+                GilState::Held
+            } else {
+                GilState::Released
+            }
+        }
+        _ => GilState::Unknown,
     }
 }
 

@@ -111,6 +111,7 @@ impl StackBuilder {
             py,
             thread_name,
             new_frames,
+            gil,
         } = s;
         for f in new_frames {
             self.py_frames.push(profile.intern_frame(f));
@@ -189,6 +190,7 @@ impl StackBuilder {
             cpu: s.cpu,
             comm,
             thread_name,
+            gil,
         });
     }
 
