@@ -127,7 +127,7 @@ pub enum ConfigError {
         bytes: u32,
     },
     /// Unknown `-f` value.
-    #[error("unknown format '{name}': use flamegraph, collapsed or speedscope")]
+    #[error("unknown format '{name}': use flamegraph, collapsed, speedscope, pprof or pyebpf")]
     BadFormat {
         /// The name given.
         name: String,

@@ -10,7 +10,10 @@
 //!   at the same instant; eval-loop address ranges per build)
 //! → `symbolize` (blazesym, cached per file → names)
 //! → `profile` (interned stacks with per-sample metadata)
-//! → `output` (flame graph, collapsed, speedscope).
+//! → `output` (flame graph, collapsed, speedscope, pprof, the saved `.pyebpf` file).
+//!
+//! Around the data path: `saved` reads and writes `.pyebpf` files, `report` renders perf-style
+//! reports and `perf script` text from a saved profile, `top` shows a live view.
 //!
 //! `record` drives the stages for the `record` command; `config` turns CLI flags into a
 //! validated [`config::RecordConfig`]. The library never imports clap.
@@ -24,5 +27,8 @@ pub mod procs;
 pub mod profile;
 pub mod python;
 pub mod record;
+pub mod report;
+pub mod saved;
 pub mod symbolize;
+pub mod top;
 pub mod unwind;

@@ -26,6 +26,13 @@ enum Command {
     Record(RecordArgs),
     /// Print the Python stack of every thread of a process, now (no eBPF needed).
     Dump(DumpArgs),
+    /// Read a saved profile (`record -o run.pyebpf`): a perf-style report, or render it to any
+    /// output format with -f/-o.
+    Report(ReportArgs),
+    /// Print every sample of a saved profile in the `perf script` text layout.
+    Script(ScriptArgs),
+    /// Live view of the hottest functions and processes, refreshed every second.
+    Top(TopArgs),
 }
 
 #[derive(Args)]
@@ -87,6 +94,77 @@ struct DumpArgs {
     json: bool,
 }
 
+#[derive(Args)]
+#[allow(clippy::struct_excessive_bools, reason = "clap: one field per flag")]
+struct ReportArgs {
+    /// The saved profile.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Render to this output format instead of a report: flamegraph, collapsed, speedscope,
+    /// pprof or pyebpf (default with -o: from its extension).
+    #[arg(short = 'f', long = "format", value_name = "FORMAT")]
+    format: Option<String>,
+    /// Write the rendered format (or the report) to this file instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Group rows by these keys: comm, pid, tid, thread, module, function, srcline.
+    #[arg(
+        short = 's',
+        long = "sort",
+        value_name = "KEYS",
+        value_delimiter = ',',
+        default_value = "comm,module,function"
+    )]
+    sort: Vec<String>,
+    /// Also count time in callees (total, "Children"), as perf report --children.
+    #[arg(long)]
+    children: bool,
+    /// Hide rows below this overhead, in percent.
+    #[arg(long = "percent-limit", value_name = "PCT", default_value_t = 0.0)]
+    percent_limit: f64,
+    /// Only samples of these processes.
+    #[arg(long = "pid", value_name = "PID", value_delimiter = ',')]
+    pids: Vec<u32>,
+    /// Only samples of these threads.
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',')]
+    tids: Vec<u32>,
+    /// Only samples of processes with these names.
+    #[arg(long = "comm", value_name = "COMM", value_delimiter = ',')]
+    comms: Vec<String>,
+    /// Only samples of threads with these names.
+    #[arg(long = "thread", value_name = "NAME", value_delimiter = ',')]
+    threads: Vec<String>,
+    /// Show call chains under each row: caller (root first) or callee (leaf first).
+    #[arg(short = 'g', long = "call-graph", value_name = "ORDER")]
+    call_graph: Option<String>,
+    /// Print the rows as JSON.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// Print the rows as CSV.
+    #[arg(long)]
+    csv: bool,
+}
+
+#[derive(Args)]
+struct ScriptArgs {
+    /// The saved profile.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// Only these processes (repeatable; default: every process on the host).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Samples per second, per CPU.
+    #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
+    rate: u64,
+    /// Include native frames.
+    #[arg(short = 'n', long)]
+    native: bool,
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PYEBPF_LOG"))
@@ -96,6 +174,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record(args),
         Command::Dump(args) => dump(&args),
+        Command::Report(args) => report(args),
+        Command::Script(args) => script(&args),
+        Command::Top(args) => top(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -137,5 +218,73 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     pyebpf::python::dump::run(&opts, &mut out)?;
+    Ok(())
+}
+
+fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use pyebpf::output::Format;
+    let profile = pyebpf::saved::load(&a.file)?;
+    let format = match (&a.format, &a.output) {
+        (Some(name), _) => Some(Format::from_name(name).ok_or_else(|| {
+            format!(
+                "unknown format '{name}': use flamegraph, collapsed, speedscope, pprof or pyebpf"
+            )
+        })?),
+        (None, Some(path)) => Format::from_path(path),
+        (None, None) => None,
+    };
+    if let Some(format) = format {
+        return write_to(a.output.as_deref(), |w| format.render(&profile, w));
+    }
+    let opts = pyebpf::report::ReportOptions {
+        sort: a.sort,
+        children: a.children,
+        percent_limit: a.percent_limit,
+        pids: a.pids,
+        tids: a.tids,
+        comms: a.comms,
+        threads: a.threads,
+        call_graph: a.call_graph,
+        json: a.json,
+        csv: a.csv,
+        color: a.output.is_none() && std::io::stdout().is_terminal(),
+    };
+    write_to(a.output.as_deref(), |w| {
+        pyebpf::report::render(&profile, &opts, w)
+    })
+}
+
+/// Writes through `write` to `path` (atomically) or, without a path, to stdout.
+fn write_to(
+    path: Option<&std::path::Path>,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = path {
+        pyebpf::output::write_atomically(path, write)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()).into())
+    } else {
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        write(&mut out)?;
+        Ok(std::io::Write::flush(&mut out)?)
+    }
+}
+
+fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let profile = pyebpf::saved::load(&a.file)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    pyebpf::report::script::render(&profile, &mut out)?;
+    Ok(std::io::Write::flush(&mut out)?)
+}
+
+fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = pyebpf::top::TopConfig {
+        pids: a.pids,
+        rate_hz: a.rate,
+        native: a.native,
+    };
+    pyebpf::preflight::check()?;
+    pyebpf::top::run(&cfg)?;
     Ok(())
 }

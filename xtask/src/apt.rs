@@ -46,6 +46,8 @@ pub const TESTS: &[&str] = &[
     "libgdbm-compat-dev",
     "libzstd-dev",
     "libexpat1-dev",
+    // `go tool pprof`, the real consumer of `-f pprof` in the e2e tests.
+    "golang-go",
 ];
 
 /// Packages among `want` that are not in state "ii".

@@ -6,6 +6,7 @@
 
 mod collapsed;
 mod flamegraph;
+pub mod pprof;
 mod speedscope;
 
 use std::io::{self, Write};
@@ -28,14 +29,20 @@ pub enum Format {
     Collapsed,
     /// speedscope JSON (<https://www.speedscope.app/file-format-schema.json>).
     Speedscope,
+    /// gzipped pprof `profile.proto` (go tool pprof, Pyroscope, Parca).
+    Pprof,
+    /// pyebpf's own saved profile: every sample with its metadata (see [`crate::saved`]).
+    Pyebpf,
 }
 
 impl Format {
     /// Every format with its CLI name.
-    pub const ALL: [(Format, &'static str); 3] = [
+    pub const ALL: [(Format, &'static str); 5] = [
         (Format::Flamegraph, "flamegraph"),
         (Format::Collapsed, "collapsed"),
         (Format::Speedscope, "speedscope"),
+        (Format::Pprof, "pprof"),
+        (Format::Pyebpf, "pyebpf"),
     ];
 
     /// Parses a CLI name (`flamegraph`/`svg`, `collapsed`/`raw`, `speedscope`).
@@ -44,6 +51,8 @@ impl Format {
             "flamegraph" | "svg" => Some(Format::Flamegraph),
             "collapsed" | "raw" | "folded" => Some(Format::Collapsed),
             "speedscope" => Some(Format::Speedscope),
+            "pprof" => Some(Format::Pprof),
+            "pyebpf" => Some(Format::Pyebpf),
             _ => None,
         }
     }
@@ -56,6 +65,10 @@ impl Format {
             "json" => Some(Format::Speedscope),
             "svg" => Some(Format::Flamegraph),
             "txt" | "folded" | "collapsed" => Some(Format::Collapsed),
+            // `.pb.gz` and `.pprof`.
+            "gz" if path.to_string_lossy().ends_with(".pb.gz") => Some(Format::Pprof),
+            "pprof" => Some(Format::Pprof),
+            "pyebpf" => Some(Format::Pyebpf),
             _ => None,
         }
     }
@@ -66,6 +79,8 @@ impl Format {
             Format::Flamegraph => "svg",
             Format::Collapsed => "txt",
             Format::Speedscope => "speedscope.json",
+            Format::Pprof => "pb.gz",
+            Format::Pyebpf => "pyebpf",
         }
     }
 
@@ -75,6 +90,8 @@ impl Format {
             Format::Flamegraph => "flame graph",
             Format::Collapsed => "collapsed stacks",
             Format::Speedscope => "speedscope profile",
+            Format::Pprof => "pprof profile",
+            Format::Pyebpf => "saved profile",
         }
     }
 
@@ -83,6 +100,8 @@ impl Format {
             Format::Flamegraph => Box::new(flamegraph::Flamegraph),
             Format::Collapsed => Box::new(collapsed::Collapsed),
             Format::Speedscope => Box::new(speedscope::Speedscope),
+            Format::Pprof => Box::new(pprof::Pprof),
+            Format::Pyebpf => Box::new(crate::saved::Saved),
         }
     }
 
