@@ -223,7 +223,6 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     use pyebpf::output::Format;
-    let profile = pyebpf::saved::load(&a.file)?;
     let format = match (&a.format, &a.output) {
         (Some(name), _) => Some(Format::from_name(name).ok_or_else(|| {
             format!(
@@ -233,9 +232,6 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         (None, Some(path)) => Format::from_path(path),
         (None, None) => None,
     };
-    if let Some(format) = format {
-        return write_to(a.output.as_deref(), |w| format.render(&profile, w));
-    }
     let opts = pyebpf::report::ReportOptions {
         sort: a.sort,
         children: a.children,
@@ -248,7 +244,16 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         json: a.json,
         csv: a.csv,
         color: a.output.is_none() && std::io::stdout().is_terminal(),
+        source: a.file.display().to_string(),
     };
+    if format.is_none() {
+        // A usage error is reported before the file is read.
+        pyebpf::report::validate(&opts)?;
+    }
+    let profile = pyebpf::saved::load(&a.file)?;
+    if let Some(format) = format {
+        return write_to(a.output.as_deref(), |w| format.render(&profile, w));
+    }
     write_to(a.output.as_deref(), |w| {
         pyebpf::report::render(&profile, &opts, w)
     })

@@ -1,0 +1,285 @@
+//! Row keys of `report --sort`: what each key is called, its column header, and its value for
+//! a sample (comm, pid, tid, thread) or for a frame (module, function, srcline).
+//!
+//! Frame-derived values (perf's columns):
+//! - function ("Symbol"): the frame's name, prefixed `[k] ` for kernel frames and `[.] ` for
+//!   everything else (user space), as perf does;
+//! - module ("Shared Object"): a native frame's module, `[kernel.kallsyms]` for kernel frames,
+//!   the source file for Python frames, `[unknown]` for markers and synthetic frames;
+//! - srcline ("Source:Line"): `file:line` when the frame has both (Python frames; native frames
+//!   with debug line information, as perf shows them), the file alone for a Python frame without
+//!   a line, else the module (`[kernel.kallsyms]`, `libc.so.6`), else `??`.
+//!
+//! Process and Thread frames are synthetic (they carry the sample's comm and thread): they give
+//! no frame key. A stack with nothing else has the [`FrameKeys::unknown`] values.
+
+use std::sync::Arc;
+
+use crate::profile::{Frame, FrameKind, Profile, Sample};
+
+/// One `--sort` key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SortKey {
+    /// Process name.
+    Comm,
+    /// Process id.
+    Pid,
+    /// Thread id.
+    Tid,
+    /// Thread name.
+    Thread,
+    /// Module of the frame (perf "Shared Object").
+    Module,
+    /// Function of the frame (perf "Symbol").
+    Function,
+    /// Source location of the frame.
+    Srcline,
+}
+
+impl SortKey {
+    /// Every key, in the order the error message lists them.
+    pub const ALL: [SortKey; 7] = [
+        SortKey::Comm,
+        SortKey::Pid,
+        SortKey::Tid,
+        SortKey::Thread,
+        SortKey::Module,
+        SortKey::Function,
+        SortKey::Srcline,
+    ];
+
+    /// Parses a key; perf's names `dso`, `sym` and `symbol` are accepted too.
+    pub fn parse(name: &str) -> Option<SortKey> {
+        Some(match name {
+            "comm" => SortKey::Comm,
+            "pid" => SortKey::Pid,
+            "tid" => SortKey::Tid,
+            "thread" => SortKey::Thread,
+            "module" | "dso" => SortKey::Module,
+            "function" | "sym" | "symbol" => SortKey::Function,
+            "srcline" => SortKey::Srcline,
+            _ => return None,
+        })
+    }
+
+    /// `comm, pid, …` for messages.
+    pub fn valid_names() -> String {
+        SortKey::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The key's name (JSON object key, CSV header).
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Comm => "comm",
+            SortKey::Pid => "pid",
+            SortKey::Tid => "tid",
+            SortKey::Thread => "thread",
+            SortKey::Module => "module",
+            SortKey::Function => "function",
+            SortKey::Srcline => "srcline",
+        }
+    }
+
+    /// The text column header (perf's).
+    pub fn header(self) -> &'static str {
+        match self {
+            SortKey::Comm => "Command",
+            SortKey::Pid => "Pid",
+            SortKey::Tid => "Tid",
+            SortKey::Thread => "Thread",
+            SortKey::Module => "Shared Object",
+            SortKey::Function => "Symbol",
+            SortKey::Srcline => "Source:Line",
+        }
+    }
+
+    /// Whether the value comes from a frame rather than from the sample.
+    pub fn is_frame_key(self) -> bool {
+        matches!(self, SortKey::Module | SortKey::Function | SortKey::Srcline)
+    }
+
+    /// Whether values are numbers (right-aligned, JSON numbers).
+    pub fn is_numeric(self) -> bool {
+        matches!(self, SortKey::Pid | SortKey::Tid)
+    }
+}
+
+/// One value of a row key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    /// pid, tid.
+    Num(u32),
+    /// Everything else.
+    Text(Arc<str>),
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Part::Num(n) => write!(f, "{n}"),
+            Part::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The frame-derived key values of one frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameKeys {
+    /// `[.] name` / `[k] name`.
+    pub function: Arc<str>,
+    /// Module.
+    pub module: Arc<str>,
+    /// Source location.
+    pub srcline: Arc<str>,
+}
+
+/// Module of a frame without one.
+pub const UNKNOWN_MODULE: &str = "[unknown]";
+/// Module of kernel frames (perf's).
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+
+impl FrameKeys {
+    /// The values of a frame (`None` for the synthetic Process and Thread frames).
+    pub fn of(frame: &Frame) -> Option<FrameKeys> {
+        let prefix = match frame.kind {
+            FrameKind::Process | FrameKind::Thread => return None,
+            FrameKind::Kernel => "[k]",
+            FrameKind::Python | FrameKind::Native | FrameKind::Marker => "[.]",
+        };
+        let module: Arc<str> = match frame.kind {
+            FrameKind::Kernel => KERNEL_MODULE.into(),
+            FrameKind::Native => frame
+                .module
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| UNKNOWN_MODULE.into()),
+            FrameKind::Python => frame
+                .file
+                .clone()
+                .filter(|f| !f.is_empty())
+                .unwrap_or_else(|| UNKNOWN_MODULE.into()),
+            FrameKind::Marker | FrameKind::Process | FrameKind::Thread => UNKNOWN_MODULE.into(),
+        };
+        let srcline: Arc<str> = match (&frame.file, frame.line) {
+            (Some(file), Some(line)) if !file.is_empty() => format!("{file}:{line}").into(),
+            (Some(file), None) if frame.kind == FrameKind::Python && !file.is_empty() => {
+                file.clone()
+            }
+            _ if &*module != UNKNOWN_MODULE => module.clone(),
+            _ => "??".into(),
+        };
+        Some(FrameKeys {
+            function: format!("{prefix} {}", frame.name).into(),
+            module,
+            srcline,
+        })
+    }
+
+    /// The values of a stack with no frame under its process (and thread).
+    pub fn unknown() -> FrameKeys {
+        FrameKeys {
+            function: "[.] [unknown]".into(),
+            module: UNKNOWN_MODULE.into(),
+            srcline: "??".into(),
+        }
+    }
+
+    /// The value of a frame key.
+    fn part(&self, key: SortKey) -> Part {
+        Part::Text(match key {
+            SortKey::Module => self.module.clone(),
+            SortKey::Function => self.function.clone(),
+            _ => self.srcline.clone(),
+        })
+    }
+}
+
+/// Frame-key values of every frame of a profile, computed once.
+pub struct FrameTable {
+    keys: Vec<Option<FrameKeys>>,
+    unknown: FrameKeys,
+}
+
+impl FrameTable {
+    /// Computes the values of every frame (nothing when `needed` is false).
+    pub fn new(profile: &Profile, needed: bool) -> FrameTable {
+        FrameTable {
+            keys: if needed {
+                profile.frames().iter().map(FrameKeys::of).collect()
+            } else {
+                Vec::new()
+            },
+            unknown: FrameKeys::unknown(),
+        }
+    }
+
+    /// The values of frame `index` (`None`: synthetic, or not computed).
+    pub fn get(&self, index: usize) -> Option<&FrameKeys> {
+        self.keys.get(index).and_then(Option::as_ref)
+    }
+
+    /// The values of a stack without a real frame.
+    pub fn unknown(&self) -> &FrameKeys {
+        &self.unknown
+    }
+}
+
+/// The key tuple of `sample` with frame values `frame`, in `keys` order, into `out`.
+pub fn tuple(keys: &[SortKey], sample: &SampleParts, frame: &FrameKeys, out: &mut Vec<Part>) {
+    out.clear();
+    for &k in keys {
+        out.push(match k {
+            SortKey::Comm => Part::Text(sample.comm.clone()),
+            SortKey::Pid => Part::Num(sample.pid),
+            SortKey::Tid => Part::Num(sample.tid),
+            SortKey::Thread => Part::Text(sample.thread.clone()),
+            _ => frame.part(k),
+        });
+    }
+}
+
+/// The sample-level values a row may need.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SampleParts {
+    /// Process name.
+    pub comm: Arc<str>,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name.
+    pub thread: Arc<str>,
+}
+
+impl SampleParts {
+    /// The parts of `s` that `keys` use; the others are left empty so that samples that differ
+    /// only in them group together.
+    pub fn of(s: &Sample, keys: &[SortKey], empty: &Arc<str>) -> SampleParts {
+        SampleParts {
+            comm: if keys.contains(&SortKey::Comm) {
+                s.comm.clone()
+            } else {
+                empty.clone()
+            },
+            pid: if keys.contains(&SortKey::Pid) {
+                s.pid
+            } else {
+                0
+            },
+            tid: if keys.contains(&SortKey::Tid) {
+                s.tid
+            } else {
+                0
+            },
+            thread: if keys.contains(&SortKey::Thread) {
+                s.thread_name.clone()
+            } else {
+                empty.clone()
+            },
+        }
+    }
+}
