@@ -26,6 +26,8 @@ mod table;
 mod text;
 
 #[cfg(test)]
+mod script_tests;
+#[cfg(test)]
 mod tests;
 
 use std::io::{self, Write};

@@ -14,7 +14,6 @@
 //! # pyebpf : 1234 samples, 99 Hz (period 10101010 ns), 5.00 s, 0 lost; addresses not kept (0)
 //! # ========
 //! #
-//!
 //! python3 1234/1234 [001] 5123.456789: 10101010 cpu-clock:
 //! \t0 py::spin:/app/w.py:12+0x0 (/app/w.py)
 //! \t0 py::<module>:/app/w.py:30+0x0 (/app/w.py)
@@ -22,8 +21,9 @@
 //! ```
 //!
 //! - The `# ========` block is `perf script --header`'s: Firefox Profiler recognises a file
-//!   starting with it; everyone skips `#` lines. An empty line follows it, so a splitter on
-//!   blank lines (speedscope) sees it as a block of its own.
+//!   starting with it; everyone skips `#` lines. As in perf's output, no empty line follows it
+//!   (inferno's collapse-perf takes the first blank-line-terminated block for a sample and
+//!   asserts on one without a header line).
 //! - Header line, one per sample, in arrival order: `comm pid/tid [cpu] secs.usecs: period
 //!   cpu-clock:`. `comm` is the process name (the root of the collapsed output); the thread
 //!   level of `--threads` profiles is not printed (the tid is in the header). Time is the
@@ -47,7 +47,9 @@
 //!   control characters (line breaks, tabs) become spaces; modules have no spaces or
 //!   parentheses (`_` instead: the readers take the module from the last ` (…)` and speedscope
 //!   wants no space in it); an empty comm, symbol or module is `[unknown]`; a comm that starts
-//!   with a space or `#` gets a leading `_`. Symbols keep spaces, parentheses and `;` (the
+//!   with a space or `#` gets a leading `_`; a one-character comm is followed by two spaces
+//!   (stackcollapse-perf and speedscope need a comm of two characters or more; perf's own
+//!   output has the same trap). Symbols keep spaces, parentheses and `;` (the
 //!   readers handle those: stackcollapse-perf drops a C++ argument list `(…)` and turns `;`
 //!   into `:`, as for perf's own output).
 //!
@@ -89,6 +91,11 @@ pub fn comm_field(comm: &str) -> String {
     }
     if s.starts_with([' ', '#']) {
         return format!("_{s}");
+    }
+    if s.chars().count() == 1 {
+        // stackcollapse-perf and speedscope read the comm as `\S.+?`: at least two characters.
+        // A second space keeps a one-character comm whole (readers trim it).
+        return format!("{s} ");
     }
     s
 }
@@ -144,7 +151,7 @@ pub fn frame_fields(f: &Frame) -> Option<(String, String)> {
     Some((symbol_field(&symbol), module_field(&module)))
 }
 
-/// Writes the `# ========` header block and the empty line after it.
+/// Writes the `# ========` header block.
 fn write_header(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     let m = &profile.meta;
     writeln!(out, "# ========")?;
@@ -167,8 +174,7 @@ fn write_header(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         m.lost_samples
     )?;
     writeln!(out, "# ========")?;
-    writeln!(out, "#")?;
-    writeln!(out)
+    writeln!(out, "#")
 }
 
 /// Writes one sample's block (header line, frames leaf first, empty line).
