@@ -16,7 +16,7 @@
 //!
 //! Paths are cut after [`MAX_GRAPH_DEPTH`] frames.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::keys::{FrameTable, Part, SampleParts, tuple};
@@ -201,6 +201,7 @@ fn frame_tuples(
     parts: &SampleParts,
 ) -> Vec<(Box<[Part]>, usize)> {
     let mut out: Vec<(Box<[Part]>, usize)> = Vec::new();
+    let mut seen: HashSet<Box<[Part]>> = HashSet::new();
     let mut scratch = Vec::with_capacity(cfg.keys.len());
     let only_sample_keys = !cfg.has_frame_key();
     for (i, &f) in stack.iter().enumerate() {
@@ -209,8 +210,10 @@ fn frame_tuples(
         }
         let keys = frames.get(f.0 as usize).unwrap_or(frames.unknown());
         tuple(&cfg.keys, parts, keys, &mut scratch);
-        if !out.iter().any(|(t, _)| **t == *scratch) {
-            out.push((scratch.as_slice().into(), i));
+        if !seen.contains(scratch.as_slice()) {
+            let key: Box<[Part]> = scratch.as_slice().into();
+            seen.insert(key.clone());
+            out.push((key, i));
         }
         if only_sample_keys {
             break;
