@@ -7,5 +7,6 @@
 
 mod common;
 mod dump;
+mod pprof;
 mod pyrecord;
 mod record;
