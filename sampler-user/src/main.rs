@@ -50,11 +50,12 @@ struct RecordArgs {
     /// Samples per second, per CPU.
     #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
     rate: u64,
-    /// Output file (default: pyebpf-<time>.<ext> in the current directory).
+    /// Output file, format from its extension (repeatable: several formats of the same run;
+    /// default: pyebpf-<time>.<ext> in the current directory).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Output format: flamegraph, collapsed or speedscope (default: from -o's extension, else
-    /// flamegraph).
+    output: Vec<PathBuf>,
+    /// Output format: flamegraph, collapsed, speedscope, pprof or pyebpf (default: from -o's
+    /// extension, else flamegraph). Only with a single -o.
     #[arg(short = 'f', long = "format", value_name = "FORMAT")]
     format: Option<String>,
     /// Include native (C/C++/Rust) frames, unwound from a copy of each sample's user stack.
@@ -201,7 +202,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         command: a.command,
         duration_s: a.duration,
         rate_hz: a.rate,
-        output: a.output,
+        outputs: a.output,
         format: a.format,
         native: a.native,
         kernel: a.kernel,

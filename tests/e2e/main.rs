@@ -10,3 +10,4 @@ mod dump;
 mod pprof;
 mod pyrecord;
 mod record;
+mod saved;

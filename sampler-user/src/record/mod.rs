@@ -3,7 +3,7 @@
 //! Owns: the sampling loop, its stop conditions (duration, Ctrl-C/SIGTERM, the profiled
 //! command's exit), starting `-- COMMAND` under the kernel filter before it runs, the progress
 //! line, and the end-of-run summary. Input: a validated [`RecordConfig`]. Output: the profile
-//! file (written atomically) and a [`RecordSummary`].
+//! files, one per `-o` (each written atomically), and a [`RecordSummary`].
 //!
 //! Threads: `drain` empties the ring buffer; `pystage` tracks the Python processes (and the
 //! kernel's `PY_PROCS`) and resolves each sample's captured Python frames as soon as it
@@ -295,19 +295,35 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let summary = summarize(cfg, &mut b, &finished, report);
     let mut stderr = std::io::stderr().lock();
     let _ = summary.print(&mut stderr);
-    write_atomically(&cfg.output, |w| cfg.format.render(&b.profile, w)).map_err(|source| {
-        RecordError::Write {
-            path: cfg.output.clone(),
-            source,
-        }
-    })?;
-    let _ = writeln!(
-        stderr,
-        "Wrote {} to {}",
-        cfg.format.describe(),
-        cfg.output.display()
-    );
+    write_outputs(cfg, &b.profile, &mut stderr)?;
     Ok(summary)
+}
+
+/// Writes every output of the run. A file that fails does not stop the others: earlier
+/// failures are printed here, the last one is returned.
+fn write_outputs(
+    cfg: &RecordConfig,
+    profile: &Profile,
+    stderr: &mut std::io::StderrLock<'_>,
+) -> Result<(), RecordError> {
+    let mut failed = None;
+    for (path, format) in &cfg.outputs {
+        match write_atomically(path, |w| format.render(profile, w)) {
+            Ok(()) => {
+                let _ = writeln!(stderr, "Wrote {} to {}", format.describe(), path.display());
+            }
+            Err(source) => {
+                let e = RecordError::Write {
+                    path: path.clone(),
+                    source,
+                };
+                if let Some(earlier) = failed.replace(e) {
+                    let _ = writeln!(stderr, "pyebpf: {earlier}");
+                }
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// Fills the profile's error counts and builds the summary.
