@@ -10,10 +10,11 @@ use crate::pyrecord::support::{OutDir, Workload, parse_folded, setup};
 
 /// The formats `record` writes directly and `report` renders from the saved file: (name for
 /// `-f`, file name).
-const RENDERED: [(&str, &str); 3] = [
+const RENDERED: [(&str, &str); 4] = [
     ("collapsed", "run.txt"),
     ("flamegraph", "run.svg"),
     ("speedscope", "run.speedscope.json"),
+    ("pprof", "run.pb.gz"),
 ];
 
 /// Runs `pyebpf ARGS` and asserts it succeeded; returns stderr.
@@ -68,6 +69,7 @@ fn rendering_the_saved_file_equals_writing_directly_3_13() {
         ("collapsed stacks", "run.txt"),
         ("flame graph", "run.svg"),
         ("speedscope profile", "run.speedscope.json"),
+        ("pprof profile", "run.pb.gz"),
     ] {
         let line = format!("Wrote {what} to {file}");
         assert_eq!(
