@@ -205,10 +205,13 @@ struct Read {
 /// labelled with the workload's pid, comm and one of its threads.
 fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Read {
     let out = dir.join("x.pb.gz");
+    let folded_path = dir.join("x.txt");
     let pid = w.pid.to_string();
-    let mut args = vec!["record", "-p", &pid, "-d", "3", "-f", "pprof", "-o"];
+    // The same run also written as collapsed stacks, to compare counts across formats.
+    let mut args = vec!["record", "-p", &pid, "-d", "3", "-o"];
     let out_s = out.to_str().unwrap();
     args.push(out_s);
+    args.extend(["-o", folded_path.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let what = format!("pyebpf {}", args.join(" "));
     let o = run(&mut crate::common::pyebpf(&args));
@@ -277,6 +280,25 @@ fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Rea
              that leaf, cum = samples through it):\n{top_text}\n{traces_text}"
         );
     }
+    // The same counts as the collapsed output of the same run: flat per function = samples
+    // whose leaf is that function there.
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let mut by_leaf: BTreeMap<String, u64> = BTreeMap::new();
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        let leaf = stack.rsplit(';').next().unwrap();
+        *by_leaf.entry(leaf_function(leaf).to_string()).or_default() +=
+            count.parse::<u64>().unwrap();
+    }
+    let flat_top: BTreeMap<String, u64> = top
+        .iter()
+        .filter(|(_, r)| r.flat > 0)
+        .map(|(k, r)| (k.clone(), r.flat))
+        .collect();
+    assert_eq!(
+        flat_top, by_leaf,
+        "go tool pprof -top flat counts differ from the collapsed output of the same run          aggregated by leaf function:\n{top_text}\n{folded}"
+    );
     // Labels: the workload's pid and comm, one of its threads, on every sample.
     let comm = comm(w.pid);
     let tids = [w.pid.to_string(), w.tid("spinner").to_string()];
@@ -300,6 +322,25 @@ fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Rea
         top,
         traces,
         top_text,
+    }
+}
+
+/// The function name of a collapsed-stack label: `f (file:line)` → `f` (Python), `f_[k]` → `f`
+/// (kernel), anything else as is.
+fn leaf_function(label: &str) -> &str {
+    if let Some(k) = label.strip_suffix("_[k]") {
+        return k;
+    }
+    match label.rsplit_once(" (") {
+        Some((name, rest))
+            if rest.ends_with(')')
+                && rest[..rest.len() - 1]
+                    .rsplit_once(':')
+                    .is_some_and(|(_, l)| l.parse::<u32>().is_ok()) =>
+        {
+            name
+        }
+        _ => label,
     }
 }
 
