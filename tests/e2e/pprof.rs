@@ -280,25 +280,7 @@ fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Rea
              that leaf, cum = samples through it):\n{top_text}\n{traces_text}"
         );
     }
-    // The same counts as the collapsed output of the same run: flat per function = samples
-    // whose leaf is that function there.
-    let folded = std::fs::read_to_string(&folded_path).unwrap();
-    let mut by_leaf: BTreeMap<String, u64> = BTreeMap::new();
-    for line in folded.lines() {
-        let (stack, count) = line.rsplit_once(' ').unwrap();
-        let leaf = stack.rsplit(';').next().unwrap();
-        *by_leaf.entry(leaf_function(leaf).to_string()).or_default() +=
-            count.parse::<u64>().unwrap();
-    }
-    let flat_top: BTreeMap<String, u64> = top
-        .iter()
-        .filter(|(_, r)| r.flat > 0)
-        .map(|(k, r)| (k.clone(), r.flat))
-        .collect();
-    assert_eq!(
-        flat_top, by_leaf,
-        "go tool pprof -top flat counts differ from the collapsed output of the same run          aggregated by leaf function:\n{top_text}\n{folded}"
-    );
+    same_flat_counts_as_collapsed(&top, &top_text, &folded_path);
     // Labels: the workload's pid and comm, one of its threads, on every sample.
     let comm = comm(w.pid);
     let tids = [w.pid.to_string(), w.tid("spinner").to_string()];
@@ -323,6 +305,28 @@ fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Rea
         traces,
         top_text,
     }
+}
+
+/// The same counts as the collapsed output of the same run: flat per function = samples whose
+/// leaf is that function there.
+fn same_flat_counts_as_collapsed(top: &BTreeMap<String, Row>, top_text: &str, folded_path: &Path) {
+    let folded = std::fs::read_to_string(folded_path).unwrap();
+    let mut by_leaf: BTreeMap<String, u64> = BTreeMap::new();
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        let leaf = stack.rsplit(';').next().unwrap();
+        *by_leaf.entry(leaf_function(leaf).to_string()).or_default() +=
+            count.parse::<u64>().unwrap();
+    }
+    let flat_top: BTreeMap<String, u64> = top
+        .iter()
+        .filter(|(_, r)| r.flat > 0)
+        .map(|(k, r)| (k.clone(), r.flat))
+        .collect();
+    assert_eq!(
+        flat_top, by_leaf,
+        "go tool pprof -top flat counts differ from the collapsed output of the same run          aggregated by leaf function:\n{top_text}\n{folded}"
+    );
 }
 
 /// The function name of a collapsed-stack label: `f (file:line)` → `f` (Python), `f_[k]` → `f`
