@@ -9,3 +9,4 @@ mod common;
 mod dump;
 mod pyrecord;
 mod record;
+mod top;
