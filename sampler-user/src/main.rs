@@ -154,6 +154,7 @@ struct ScriptArgs {
 }
 
 #[derive(Args)]
+#[allow(clippy::struct_excessive_bools, reason = "clap: one field per flag")]
 struct TopArgs {
     /// Only these processes (repeatable; default: every process on the host).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
@@ -161,9 +162,15 @@ struct TopArgs {
     /// Samples per second, per CPU.
     #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
     rate: u64,
-    /// Include native frames.
+    /// Include native (C/C++/Rust) frames, unwound from a copy of each sample's user stack.
     #[arg(short = 'n', long)]
     native: bool,
+    /// Include kernel frames on top of user frames.
+    #[arg(short = 'k', long)]
+    kernel: bool,
+    /// Only samples of threads that hold the GIL.
+    #[arg(long)]
+    gil: bool,
 }
 
 fn main() -> ExitCode {
@@ -291,7 +298,11 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         pids: a.pids,
         rate_hz: a.rate,
         native: a.native,
+        kernel: a.kernel,
+        gil: a.gil,
     };
+    pyebpf::top::require_terminal()?;
+    cfg.validate()?;
     pyebpf::preflight::check()?;
     pyebpf::top::run(&cfg)?;
     Ok(())

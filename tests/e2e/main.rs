@@ -11,3 +11,4 @@ mod pprof;
 mod pyrecord;
 mod record;
 mod saved;
+mod top;

@@ -201,6 +201,12 @@ impl Profile {
         &self.samples
     }
 
+    /// Takes the samples added so far, keeping the interned frames and stacks (their ids stay
+    /// valid): a live view (`top`) consumes samples as they come and stays bounded in memory.
+    pub fn drain_samples(&mut self) -> Vec<Sample> {
+        std::mem::take(&mut self.samples)
+    }
+
     /// The frame behind an id.
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id.0 as usize]
@@ -454,6 +460,18 @@ mod tests {
                 stacks: 2
             }
         );
+    }
+
+    #[test]
+    fn drain_samples_keeps_interned_ids() {
+        let mut p = Profile::default();
+        sample(&mut p, &["a", "b"], 1);
+        let taken = p.drain_samples();
+        assert_eq!(taken.len(), 1);
+        assert!(p.samples().is_empty());
+        sample(&mut p, &["a", "b"], 1);
+        assert_eq!(p.samples()[0].stack, taken[0].stack);
+        assert_eq!(p.frames().len(), 2);
     }
 
     #[test]
