@@ -40,9 +40,9 @@ pub struct RecordRequest {
     pub duration_s: Option<f64>,
     /// `-r/--rate` in Hz.
     pub rate_hz: u64,
-    /// `-o/--output`.
-    pub output: Option<PathBuf>,
-    /// `-f/--format`.
+    /// `-o/--output`, repeatable: every file is written from the same run.
+    pub outputs: Vec<PathBuf>,
+    /// `-f/--format` (only with at most one `-o`).
     pub format: Option<String>,
     /// `--native`.
     pub native: bool,
@@ -73,10 +73,8 @@ pub struct RecordConfig {
     pub duration: Option<Duration>,
     /// Samples per second per CPU.
     pub rate_hz: u64,
-    /// Where to write the output.
-    pub output: PathBuf,
-    /// Output format.
-    pub format: Format,
+    /// Where to write the outputs and in which format, in the order given (at least one).
+    pub outputs: Vec<(PathBuf, Format)>,
     /// Unwind native user stacks.
     pub native: bool,
     /// Add kernel frames.
@@ -132,6 +130,17 @@ pub enum ConfigError {
         /// The name given.
         name: String,
     },
+    /// `-f` with more than one `-o`.
+    #[error(
+        "-f/--format needs a single -o: with several, each file's format comes from its extension"
+    )]
+    FormatWithManyOutputs,
+    /// The same `-o` twice.
+    #[error("output file {} given twice", path.display())]
+    DuplicateOutput {
+        /// The output path.
+        path: PathBuf,
+    },
     /// The output cannot be written.
     #[error("cannot write output file {}: {source}", path.display())]
     Output {
@@ -181,26 +190,12 @@ impl RecordConfig {
         } else {
             0
         };
-        let format = match (&req.format, &req.output) {
-            (Some(name), _) => Format::from_name(name)
-                .ok_or_else(|| ConfigError::BadFormat { name: name.clone() })?,
-            (None, Some(path)) => Format::from_path(path).unwrap_or(Format::Flamegraph),
-            (None, None) => Format::Flamegraph,
-        };
-        let output = req
-            .output
-            .take()
-            .unwrap_or_else(|| PathBuf::from(format!("pyebpf-{now}.{}", format.extension())));
-        output::check_writable(&output).map_err(|source| ConfigError::Output {
-            path: output.clone(),
-            source,
-        })?;
+        let outputs = outputs(std::mem::take(&mut req.outputs), req.format.as_deref(), now)?;
         Ok(RecordConfig {
             target,
             duration,
             rate_hz: req.rate_hz,
-            output,
-            format,
+            outputs,
             native: req.native,
             kernel: req.kernel,
             threads: req.threads,
@@ -212,6 +207,50 @@ impl RecordConfig {
     }
 }
 
+/// The output files and their formats: each `-o` with its extension's format (or `-f`'s, for a
+/// single `-o`), or the default name; each checked writable.
+fn outputs(
+    paths: Vec<PathBuf>,
+    format: Option<&str>,
+    now: &str,
+) -> Result<Vec<(PathBuf, Format)>, ConfigError> {
+    let forced = format
+        .map(|name| {
+            Format::from_name(name).ok_or_else(|| ConfigError::BadFormat {
+                name: name.to_string(),
+            })
+        })
+        .transpose()?;
+    if forced.is_some() && paths.len() > 1 {
+        return Err(ConfigError::FormatWithManyOutputs);
+    }
+    let outputs: Vec<(PathBuf, Format)> = if paths.is_empty() {
+        let format = forced.unwrap_or(Format::Flamegraph);
+        let path = PathBuf::from(format!("pyebpf-{now}.{}", format.extension()));
+        vec![(path, format)]
+    } else {
+        paths
+            .into_iter()
+            .map(|path| {
+                let format = forced
+                    .or_else(|| Format::from_path(&path))
+                    .unwrap_or(Format::Flamegraph);
+                (path, format)
+            })
+            .collect()
+    };
+    for (i, (path, _)) in outputs.iter().enumerate() {
+        if outputs[..i].iter().any(|(p, _)| p == path) {
+            return Err(ConfigError::DuplicateOutput { path: path.clone() });
+        }
+        output::check_writable(path).map_err(|source| ConfigError::Output {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(outputs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,7 +259,7 @@ mod tests {
         RecordRequest {
             all: true,
             rate_hz: 99,
-            output: Some(std::env::temp_dir().join("pyebpf-config-test.svg")),
+            outputs: vec![std::env::temp_dir().join("pyebpf-config-test.svg")],
             ..RecordRequest::default()
         }
     }
@@ -229,7 +268,8 @@ mod tests {
     fn defaults() {
         let c = RecordConfig::new(req(), "x").unwrap();
         assert_eq!(c.target, Target::All);
-        assert_eq!(c.format, Format::Flamegraph);
+        assert_eq!(c.outputs[0].1, Format::Flamegraph);
+        assert_eq!(c.outputs.len(), 1);
         assert_eq!(c.stack_bytes, 0);
         let c = RecordConfig::new(
             RecordRequest {
@@ -298,7 +338,7 @@ mod tests {
         assert!(matches!(
             RecordConfig::new(
                 RecordRequest {
-                    output: Some("/nonexistent-pyebpf/x.svg".into()),
+                    outputs: vec!["/nonexistent-pyebpf/x.svg".into()],
                     ..req()
                 },
                 "x"
@@ -331,12 +371,105 @@ mod tests {
     fn format_from_extension() {
         let c = RecordConfig::new(
             RecordRequest {
-                output: Some(std::env::temp_dir().join("a.txt")),
+                outputs: vec![std::env::temp_dir().join("a.txt")],
                 ..req()
             },
             "x",
         )
         .unwrap();
-        assert_eq!(c.format, Format::Collapsed);
+        assert_eq!(c.outputs[0].1, Format::Collapsed);
+    }
+
+    #[test]
+    fn several_outputs() {
+        let dir = std::env::temp_dir();
+        let names = [
+            "r.pyebpf",
+            "r.svg",
+            "r.txt",
+            "r.speedscope.json",
+            "r.pb.gz",
+            "r.bin",
+        ];
+        let c = RecordConfig::new(
+            RecordRequest {
+                outputs: names.iter().map(|n| dir.join(n)).collect(),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap();
+        let formats: Vec<Format> = c.outputs.iter().map(|o| o.1).collect();
+        assert_eq!(
+            formats,
+            [
+                Format::Pyebpf,
+                Format::Flamegraph,
+                Format::Collapsed,
+                Format::Speedscope,
+                Format::Pprof,
+                Format::Flamegraph
+            ]
+        );
+        assert_eq!(c.outputs[0].0, dir.join("r.pyebpf"));
+        // -f names the format of a single -o, whatever its extension…
+        let c = RecordConfig::new(
+            RecordRequest {
+                outputs: vec![dir.join("r.out")],
+                format: Some("pyebpf".into()),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.outputs, [(dir.join("r.out"), Format::Pyebpf)]);
+        // … or of the default name.
+        let c = RecordConfig::new(
+            RecordRequest {
+                outputs: Vec::new(),
+                format: Some("collapsed".into()),
+                ..req()
+            },
+            "20250101-000000",
+        )
+        .unwrap();
+        assert_eq!(
+            c.outputs,
+            [("pyebpf-20250101-000000.txt".into(), Format::Collapsed)]
+        );
+        // -f with several -o is refused, in one line.
+        let e = RecordConfig::new(
+            RecordRequest {
+                outputs: vec![dir.join("a.svg"), dir.join("a.txt")],
+                format: Some("collapsed".into()),
+                ..req()
+            },
+            "x",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::FormatWithManyOutputs));
+        assert_eq!(e.to_string().lines().count(), 1);
+        let e = RecordConfig::new(
+            RecordRequest {
+                outputs: vec![dir.join("a.svg"), dir.join("a.txt"), dir.join("a.svg")],
+                ..req()
+            },
+            "x",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::DuplicateOutput { .. }), "{e}");
+        // Every output is checked before sampling, not only the first.
+        let e = RecordConfig::new(
+            RecordRequest {
+                outputs: vec![dir.join("a.svg"), "/nonexistent-pyebpf/x.pyebpf".into()],
+                ..req()
+            },
+            "x",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("/nonexistent-pyebpf/x.pyebpf"),
+            "{e}"
+        );
     }
 }

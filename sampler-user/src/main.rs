@@ -50,11 +50,12 @@ struct RecordArgs {
     /// Samples per second, per CPU.
     #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
     rate: u64,
-    /// Output file (default: pyebpf-<time>.<ext> in the current directory).
+    /// Output file, format from its extension (repeatable: several formats of the same run;
+    /// default: pyebpf-<time>.<ext> in the current directory).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Output format: flamegraph, collapsed or speedscope (default: from -o's extension, else
-    /// flamegraph).
+    output: Vec<PathBuf>,
+    /// Output format: flamegraph, collapsed, speedscope, pprof or pyebpf (default: from -o's
+    /// extension, else flamegraph). Only with a single -o.
     #[arg(short = 'f', long = "format", value_name = "FORMAT")]
     format: Option<String>,
     /// Include native (C/C++/Rust) frames, unwound from a copy of each sample's user stack.
@@ -153,6 +154,7 @@ struct ScriptArgs {
 }
 
 #[derive(Args)]
+#[allow(clippy::struct_excessive_bools, reason = "clap: one field per flag")]
 struct TopArgs {
     /// Only these processes (repeatable; default: every process on the host).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
@@ -160,9 +162,15 @@ struct TopArgs {
     /// Samples per second, per CPU.
     #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
     rate: u64,
-    /// Include native frames.
+    /// Include native (C/C++/Rust) frames, unwound from a copy of each sample's user stack.
     #[arg(short = 'n', long)]
     native: bool,
+    /// Include kernel frames on top of user frames.
+    #[arg(short = 'k', long)]
+    kernel: bool,
+    /// Only samples of threads that hold the GIL.
+    #[arg(long)]
+    gil: bool,
 }
 
 fn main() -> ExitCode {
@@ -180,6 +188,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `pyebpf script run.pyebpf | head`: the reader left, as with perf, not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("pyebpf: {e}");
             ExitCode::FAILURE
@@ -194,7 +209,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         command: a.command,
         duration_s: a.duration,
         rate_hz: a.rate,
-        output: a.output,
+        outputs: a.output,
         format: a.format,
         native: a.native,
         kernel: a.kernel,
@@ -288,7 +303,11 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         pids: a.pids,
         rate_hz: a.rate,
         native: a.native,
+        kernel: a.kernel,
+        gil: a.gil,
     };
+    pyebpf::top::require_terminal()?;
+    cfg.validate()?;
     pyebpf::preflight::check()?;
     pyebpf::top::run(&cfg)?;
     Ok(())

@@ -7,5 +7,8 @@
 
 mod common;
 mod dump;
+mod pprof;
 mod pyrecord;
 mod record;
+mod saved;
+mod top;

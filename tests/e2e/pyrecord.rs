@@ -25,4 +25,4 @@ mod deliverables;
 mod gil;
 mod native;
 mod stacks;
-mod support;
+pub(crate) mod support;

@@ -104,7 +104,7 @@ impl GilState {
 }
 
 /// One sample: its stack and who/where/when.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
     /// Interned stack, root first.
     pub stack: StackId,
@@ -125,7 +125,7 @@ pub struct Sample {
 }
 
 /// Run metadata that every output can show.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct RunMeta {
     /// Host name.
     pub host: String,
@@ -201,6 +201,12 @@ impl Profile {
         &self.samples
     }
 
+    /// Takes the samples added so far, keeping the interned frames and stacks (their ids stay
+    /// valid): a live view (`top`) consumes samples as they come and stays bounded in memory.
+    pub fn drain_samples(&mut self) -> Vec<Sample> {
+        std::mem::take(&mut self.samples)
+    }
+
     /// The frame behind an id.
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id.0 as usize]
@@ -214,6 +220,64 @@ impl Profile {
     /// The frames of a stack, root first.
     pub fn stack(&self, id: StackId) -> &[FrameId] {
         &self.stacks[id.0 as usize]
+    }
+
+    /// All interned stacks (root first), indexable by `StackId.0`.
+    pub fn stacks(&self) -> &[Box<[FrameId]>] {
+        &self.stacks
+    }
+
+    /// A profile from its parts, as [`Profile::frames`], [`Profile::stacks`] and
+    /// [`Profile::samples`] return them (the saved file), keeping every id: frame `i` gets
+    /// `FrameId(i)`, stack `i` gets `StackId(i)`. Every index is checked, and frames and stacks
+    /// must be unique (as interning keeps them).
+    pub fn from_parts(
+        meta: RunMeta,
+        frames: Vec<Frame>,
+        stacks: Vec<Box<[FrameId]>>,
+        samples: Vec<Sample>,
+    ) -> Result<Profile, PartsError> {
+        if u32::try_from(frames.len()).is_err() || u32::try_from(stacks.len()).is_err() {
+            return Err(PartsError::TooMany);
+        }
+        let mut frame_ids = HashMap::with_capacity(frames.len());
+        for (i, f) in frames.iter().enumerate() {
+            if frame_ids.insert(f.clone(), FrameId(i as u32)).is_some() {
+                return Err(PartsError::DuplicateFrame { frame: i });
+            }
+        }
+        let mut stack_ids = HashMap::with_capacity(stacks.len());
+        for (i, s) in stacks.iter().enumerate() {
+            if let Some(f) = s.iter().find(|f| f.0 as usize >= frames.len()) {
+                return Err(PartsError::FrameOutOfRange {
+                    stack: i,
+                    frame: f.0,
+                    frames: frames.len(),
+                });
+            }
+            if stack_ids.insert(s.clone(), StackId(i as u32)).is_some() {
+                return Err(PartsError::DuplicateStack { stack: i });
+            }
+        }
+        if let Some((i, s)) = samples
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.stack.0 as usize >= stacks.len())
+        {
+            return Err(PartsError::StackOutOfRange {
+                sample: i,
+                stack: s.stack.0,
+                stacks: stacks.len(),
+            });
+        }
+        Ok(Profile {
+            frames,
+            frame_ids,
+            stacks,
+            stack_ids,
+            samples,
+            meta,
+        })
     }
 
     /// Sample count per stack, in first-seen order of the stacks.
@@ -253,6 +317,46 @@ impl Profile {
         }
         agg.into_iter().map(|(k, c)| format!("{k} {c}")).collect()
     }
+}
+
+/// Why [`Profile::from_parts`] refused its parts. Displays as one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartsError {
+    /// More frames or stacks than a 32-bit id can name.
+    #[error("more than 2^32 frames or stacks")]
+    TooMany,
+    /// A frame equal to an earlier one.
+    #[error("frame {frame} is a duplicate of an earlier frame")]
+    DuplicateFrame {
+        /// Its index.
+        frame: usize,
+    },
+    /// A stack equal to an earlier one.
+    #[error("stack {stack} is a duplicate of an earlier stack")]
+    DuplicateStack {
+        /// Its index.
+        stack: usize,
+    },
+    /// A stack names a frame that does not exist.
+    #[error("stack {stack} refers to frame {frame}, but there are {frames} frames")]
+    FrameOutOfRange {
+        /// The stack's index.
+        stack: usize,
+        /// The frame id it names.
+        frame: u32,
+        /// Number of frames.
+        frames: usize,
+    },
+    /// A sample names a stack that does not exist.
+    #[error("sample {sample} refers to stack {stack}, but there are {stacks} stacks")]
+    StackOutOfRange {
+        /// The sample's index.
+        sample: usize,
+        /// The stack id it names.
+        stack: u32,
+        /// Number of stacks.
+        stacks: usize,
+    },
 }
 
 /// Makes a label safe for the folded format: no `;`, no line breaks.
@@ -302,6 +406,72 @@ mod tests {
             p.folded_lines(),
             vec!["a;b 2".to_string(), "a;c 1".to_string()]
         );
+    }
+
+    #[test]
+    fn from_parts_keeps_ids_and_checks_indices() {
+        let mut orig = Profile::default();
+        sample(&mut orig, &["a", "b"], 1);
+        sample(&mut orig, &["a", "c"], 2);
+        let parts = || {
+            (
+                orig.meta.clone(),
+                orig.frames().to_vec(),
+                orig.stacks().to_vec(),
+                orig.samples().to_vec(),
+            )
+        };
+        let (meta, frames, stacks, samples) = parts();
+        let copy = Profile::from_parts(meta, frames, stacks, samples).unwrap();
+        assert_eq!(copy.frames(), orig.frames());
+        assert_eq!(copy.stacks(), orig.stacks());
+        assert_eq!(copy.samples(), orig.samples());
+        assert_eq!(copy.folded_lines(), orig.folded_lines());
+
+        let (meta, mut frames, stacks, samples) = parts();
+        frames[2] = frames[0].clone();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
+            PartsError::DuplicateFrame { frame: 2 }
+        );
+        let (meta, frames, mut stacks, samples) = parts();
+        stacks[1] = vec![FrameId(0), FrameId(3)].into();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
+            PartsError::FrameOutOfRange {
+                stack: 1,
+                frame: 3,
+                frames: 3
+            }
+        );
+        let (meta, frames, mut stacks, samples) = parts();
+        stacks[1] = stacks[0].clone();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
+            PartsError::DuplicateStack { stack: 1 }
+        );
+        let (meta, frames, stacks, mut samples) = parts();
+        samples[1].stack = StackId(2);
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
+            PartsError::StackOutOfRange {
+                sample: 1,
+                stack: 2,
+                stacks: 2
+            }
+        );
+    }
+
+    #[test]
+    fn drain_samples_keeps_interned_ids() {
+        let mut p = Profile::default();
+        sample(&mut p, &["a", "b"], 1);
+        let taken = p.drain_samples();
+        assert_eq!(taken.len(), 1);
+        assert!(p.samples().is_empty());
+        sample(&mut p, &["a", "b"], 1);
+        assert_eq!(p.samples()[0].stack, taken[0].stack);
+        assert_eq!(p.frames().len(), 2);
     }
 
     #[test]

@@ -314,8 +314,12 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
     let has_symtab = sections.iter().any(|s| s.kind == SHT_SYMTAB);
     for kind in [SHT_DYNSYM, SHT_SYMTAB] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
-        let settled = (runtime.is_some() || syms[0].is_some()) && syms.iter().all(Option::is_some);
-        if kind == SHT_SYMTAB && (settled || !has_symtab) {
+        let found = runtime.is_some() || syms[0].is_some();
+        let settled = found && syms.iter().all(Option::is_some);
+        // Not Python: every supported CPython (3.12+) has a `.PyRuntime` section or exports
+        // `_PyRuntime`, so a file with neither is rejected without reading its `.symtab` (which
+        // is large in big non-Python binaries).
+        if kind == SHT_SYMTAB && (settled || !found || !has_symtab) {
             break;
         }
         for s in sections.iter().filter(|s| s.kind == kind) {

@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::collect::{CollectError, Collector, CounterTotals, Event, ProgramStats, RawSample};
 
 /// Bytes of queued samples we accept before dropping (and counting) new ones.
 const QUEUE_BYTES: usize = 512 << 20;
+/// How often the drain thread publishes the kernel's lost-sample count for a live view.
+const LOST_EVERY: Duration = Duration::from_millis(500);
 
 /// One item for the stack builder.
 pub enum Drained {
@@ -30,6 +32,8 @@ pub enum Drained {
 pub struct Drain {
     stop: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
+    /// Samples lost in the kernel so far, as last read by the drain thread.
+    kernel_lost: Arc<AtomicU64>,
     /// Samples taken before this kernel time (ns, `CLOCK_MONOTONIC` like `bpf_ktime_get_ns`)
     /// are not part of the run: set-up was still in progress.
     start_ns: Arc<AtomicU64>,
@@ -60,12 +64,18 @@ pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, 
     let (tx, rx) = sync_channel(queue_capacity(stack_bytes));
     let stop = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicU64::new(0));
+    let kernel_lost = Arc::new(AtomicU64::new(0));
     let start_ns = Arc::new(AtomicU64::new(if hold { u64::MAX } else { 0 }));
-    let (s, d, b) = (stop.clone(), dropped.clone(), start_ns.clone());
+    let shared = Shared {
+        stop: stop.clone(),
+        dropped: dropped.clone(),
+        kernel_lost: kernel_lost.clone(),
+        start_ns: start_ns.clone(),
+    };
     let handle = std::thread::Builder::new()
         .name("pyebpf-drain".into())
         .spawn(move || {
-            let r = run(&mut collector, &tx, &s, &d, &b);
+            let r = run(&mut collector, &tx, &shared);
             (collector, r)
         })
         .expect("spawn drain thread");
@@ -73,6 +83,7 @@ pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, 
         Drain {
             stop,
             dropped,
+            kernel_lost,
             start_ns,
             handle,
         },
@@ -80,15 +91,30 @@ pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, 
     )
 }
 
-fn run(
-    c: &mut Collector,
-    tx: &SyncSender<Drained>,
-    stop: &AtomicBool,
-    dropped: &AtomicU64,
-    start_ns: &AtomicU64,
-) -> Result<(), CollectError> {
+/// What the drain thread shares with its handle.
+struct Shared {
+    stop: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+    kernel_lost: Arc<AtomicU64>,
+    start_ns: Arc<AtomicU64>,
+}
+
+fn run(c: &mut Collector, tx: &SyncSender<Drained>, sh: &Shared) -> Result<(), CollectError> {
+    let Shared {
+        stop,
+        dropped,
+        kernel_lost,
+        start_ns,
+    } = sh;
     let mut batch = Vec::new();
+    let mut lost_read = Instant::now();
     loop {
+        if lost_read.elapsed() >= LOST_EVERY {
+            lost_read = Instant::now();
+            if let Ok(totals) = c.counters() {
+                kernel_lost.store(totals.lost_samples(), Ordering::Relaxed);
+            }
+        }
         // One last poll after the stop request drains what is already in the buffer.
         let stopping = stop.load(Ordering::Acquire);
         c.poll(
@@ -157,6 +183,11 @@ impl Drain {
             dropped: self.dropped.load(Ordering::Relaxed),
             program: collector.program_stats(),
         })
+    }
+
+    /// Samples lost so far (in the kernel, as last read, and in user space): for a live view.
+    pub fn lost_so_far(&self) -> u64 {
+        self.kernel_lost.load(Ordering::Relaxed) + self.dropped.load(Ordering::Relaxed)
     }
 
     /// Whether the thread has ended (an error, or the channel closed).

@@ -9,7 +9,6 @@ use std::io::{self, Write};
 use std::time::Duration;
 
 use crate::collect::ProgramStats;
-use crate::config::RecordConfig;
 use crate::profile::Profile;
 
 use super::pyproc::PyProcStats;
@@ -59,7 +58,7 @@ pub struct RecordSummary {
 
 impl RecordSummary {
     /// The summary of a finished profile.
-    pub fn from_profile(p: &Profile, cfg: &RecordConfig, interrupted: bool) -> Self {
+    pub fn from_profile(p: &Profile, rate_hz: u64, interrupted: bool) -> Self {
         RecordSummary {
             samples: p.samples().len(),
             processes: p.process_count(),
@@ -67,7 +66,7 @@ impl RecordSummary {
             lost_samples: p.meta.lost_samples,
             errors: p.meta.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             interrupted,
-            rate_hz: cfg.rate_hz,
+            rate_hz,
             cpus: p.meta.cpus,
             python: Vec::new(),
             python_overflow: None,

@@ -12,6 +12,9 @@
 //! `_PyEval_EvalFrameDefault.cold`, cpython-layouts §11) would otherwise take the name of the
 //! preceding exported function. Unknown addresses are named `module+0xFILE_OFFSET`. `[vdso]`
 //! frames are symbolized against our own vDSO image (the kernel maps one image everywhere).
+//! Split debug files are found by blazesym through the build-id and `.gnu_debuglink` of a
+//! stripped file, in the *target's* `/usr/lib/debug` first (a container or chroot ships its
+//! own `-dbg` packages), then the host's: one blazesym instance per distinct root directory.
 
 #[cfg(test)]
 mod tests;
@@ -137,9 +140,20 @@ fn vdso_memfd() -> Option<(u64, Arc<OpenFile>)> {
 /// Process identity plus mapping identity.
 type MappingSlot = (u32, u64, u64, u64, u64);
 
+/// Most distinct root directories (containers, chroots) with their own blazesym instance;
+/// beyond this, processes in further roots use the host's debug directories only.
+const MAX_ROOTS: usize = 64;
+
+/// A root directory's identity: (st_dev, st_ino) of `/proc/PID/root`.
+type RootKey = (u64, u64);
+
 /// Native and kernel symbolizer with caches.
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
+    /// Our own root's identity (processes in it use `blaze`).
+    host_root: Option<RootKey>,
+    /// One blazesym per other root, whose debug directories come first.
+    rooted: HashMap<RootKey, blazesym::symbolize::Symbolizer>,
     by_mapping: HashMap<MappingSlot, Option<Arc<OpenFile>>>,
     by_file: HashMap<Arc<FileId>, Arc<OpenFile>>,
     frames: HashMap<(Arc<FileId>, u64), Arc<SymbolizedFrame>>,
@@ -172,11 +186,7 @@ pub fn symbol_covers(offset_in_symbol: usize, size: Option<usize>, from_debug_in
 impl Symbolizer {
     /// A symbolizer with empty caches (demangling, DWARF lines, default debug directories).
     pub fn new() -> Self {
-        let blaze = blazesym::symbolize::Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(false)
-            .enable_demangling(true)
-            .build();
+        let blaze = blaze_builder().build();
         let kernel_source = Source::Kernel(Kernel {
             kallsyms: MaybeDefault::Default,
             // vmlinux discovery searches several directories per call: kallsyms has what we need.
@@ -186,6 +196,8 @@ impl Symbolizer {
         });
         Self {
             blaze,
+            host_root: root_key(std::path::Path::new("/")),
+            rooted: HashMap::new(),
             by_mapping: HashMap::new(),
             by_file: HashMap::new(),
             frames: HashMap::new(),
@@ -217,7 +229,7 @@ impl Symbolizer {
         if m.is_vdso()
             && let Some(file) = self.vdso_file(m.end - m.start)
         {
-            return self.cached_or_symbolize(&file, addr - m.start, &module);
+            return self.cached_or_symbolize(None, &file, addr - m.start, &module);
         }
         if !m.is_file_backed() {
             // vDSO, anonymous (JIT) code: offset within the mapping.
@@ -232,11 +244,34 @@ impl Symbolizer {
             self.stats.native_unresolved += 1;
             return Arc::new(SymbolizedFrame::unresolved(&module, offset));
         };
-        self.cached_or_symbolize(&file, offset, &module)
+        let root = self.root_of(proc);
+        self.cached_or_symbolize(root, &file, offset, &module)
+    }
+
+    /// The root of `proc` when it differs from ours (and a blazesym instance exists for it).
+    fn root_of(&mut self, proc: &Process) -> Option<RootKey> {
+        let key = root_key(&proc.root)?;
+        if Some(key) == self.host_root {
+            return None;
+        }
+        if !self.rooted.contains_key(&key) {
+            if self.rooted.len() >= MAX_ROOTS {
+                return None;
+            }
+            let dirs: Vec<PathBuf> = ["usr/lib/debug", "lib/debug"]
+                .iter()
+                .map(|d| proc.root.join(d))
+                .chain(["/usr/lib/debug", "/lib/debug"].map(PathBuf::from))
+                .collect();
+            self.rooted
+                .insert(key, blaze_builder().set_debug_dirs(Some(dirs)).build());
+        }
+        Some(key)
     }
 
     fn cached_or_symbolize(
         &mut self,
+        root: Option<RootKey>,
         file: &OpenFile,
         offset: u64,
         module: &str,
@@ -246,7 +281,7 @@ impl Symbolizer {
             self.stats.native_cache_hits += 1;
             return f.clone();
         }
-        let frame = Arc::new(self.symbolize_file_offset(&file.path, offset, module));
+        let frame = Arc::new(self.symbolize_file_offset(root, &file.path, offset, module));
         if self.frames.len() >= MAX_CACHED_FRAMES {
             self.frames.clear();
         }
@@ -268,13 +303,17 @@ impl Symbolizer {
 
     fn symbolize_file_offset(
         &mut self,
+        root: Option<RootKey>,
         path: &std::path::Path,
         offset: u64,
         module: &str,
     ) -> SymbolizedFrame {
         self.stats.native_symbolized += 1;
         let src = Source::Elf(Elf::new(path));
-        let result = self.blaze.symbolize_single(&src, Input::FileOffset(offset));
+        let blaze = root
+            .and_then(|r| self.rooted.get(&r))
+            .unwrap_or(&self.blaze);
+        let result = blaze.symbolize_single(&src, Input::FileOffset(offset));
         let frame = match result {
             Ok(Symbolized::Sym(sym))
                 if symbol_covers(sym.offset, sym.size, sym.code_info.is_some()) =>
@@ -382,6 +421,21 @@ impl Symbolizer {
         self.kernel.insert(addr, frame.clone());
         frame
     }
+}
+
+/// blazesym as we use it: demangling and DWARF lines, no inlined functions.
+fn blaze_builder() -> blazesym::symbolize::Builder {
+    blazesym::symbolize::Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(false)
+        .enable_demangling(true)
+}
+
+/// (st_dev, st_ino) of a directory.
+fn root_key(dir: &std::path::Path) -> Option<RootKey> {
+    use std::os::unix::fs::MetadataExt as _;
+    let md = std::fs::metadata(dir).ok()?;
+    Some((md.dev(), md.ino()))
 }
 
 fn frame_from_sym(sym: &Sym<'_>, module: &str) -> SymbolizedFrame {

@@ -204,16 +204,17 @@ fn native_merge_python_c_python_3_12() {
     native_merge("3.12", true, Launch::Plain);
 }
 
-/// Debian's 3.14 in the sid root, whose `python3.14-dbg` debug file is installed there.
+/// Debian's 3.14 in the sid root, whose `python3.14-dbg` debug file is installed there: the C
+/// frames are named from that file (found by build-id in the target's root, not the host's).
 #[test]
 fn native_merge_python_c_python_3_14_static_stripped() {
-    native_merge("3.14", false, Launch::Plain);
+    native_merge("3.14", true, Launch::Plain);
 }
 
 /// Debian's 3.15 (frame pointers, also stripped with a `.cold` split), debug file installed.
 #[test]
 fn native_merge_python_c_python_3_15_static_stripped() {
-    native_merge("3.15", false, Launch::Plain);
+    native_merge("3.15", true, Launch::Plain);
 }
 
 /// Debian's 3.14 as most hosts have it: stripped, and no `-dbg` package — no symbol names the

@@ -1,0 +1,399 @@
+//! A sampling session: the data path from the eBPF collector to the [`Profile`], shared by
+//! `record` (which writes the profile at the end) and `top` (which shows it live).
+//!
+//! Owns: starting the collector (and `-- COMMAND`, held until it is a target), the Python
+//! tracker, the drain and Python-stage threads, the stack builder, the stop conditions
+//! (duration, Ctrl-C/SIGTERM, the profiled command's exit, a stage thread ending) and the
+//! end-of-run accounting. Input: a [`SessionConfig`]. Output: the profile, grown while
+//! [`Session::run`] calls its tick callback about every [`TICK`], and at the end a
+//! [`RecordSummary`].
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::collect::{CollectConfig, Collector, Event};
+use crate::config::{RecordConfig, Target};
+use crate::procs::ProcessRegistry;
+use crate::profile::{Profile, RunMeta};
+
+use super::pystage::{self, Staged};
+use super::summary::{PyProcLine, RecordSummary};
+use super::{RecordError, drain, libc_time, pytrack, signals, spawn, stack};
+
+/// How often [`Session::run`] calls its tick callback.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// What a session samples: the part of `record`'s configuration that `top` shares.
+#[derive(Clone, Debug)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the run, each read by a different stage"
+)]
+pub struct SessionConfig {
+    /// What to profile.
+    pub target: Target,
+    /// How long to sample; `None` until stopped.
+    pub duration: Option<Duration>,
+    /// Samples per second per CPU.
+    pub rate_hz: u64,
+    /// Unwind native user stacks.
+    pub native: bool,
+    /// Add kernel frames.
+    pub kernel: bool,
+    /// Add a thread level under each process.
+    pub threads: bool,
+    /// Keep only samples of threads holding the GIL.
+    pub gil: bool,
+    /// Follow children of `-p` targets.
+    pub subprocesses: bool,
+    /// User-stack bytes copied per sample (0 without `native`).
+    pub stack_bytes: u32,
+}
+
+impl SessionConfig {
+    /// The session part of a `record` configuration.
+    pub fn of(cfg: &RecordConfig) -> Self {
+        SessionConfig {
+            target: cfg.target.clone(),
+            duration: cfg.duration,
+            rate_hz: cfg.rate_hz,
+            native: cfg.native,
+            kernel: cfg.kernel,
+            threads: cfg.threads,
+            gil: cfg.gil,
+            subprocesses: cfg.subprocesses,
+            stack_bytes: cfg.stack_bytes,
+        }
+    }
+}
+
+/// What the tick callback is told besides the profile.
+#[derive(Clone, Copy, Debug)]
+pub struct Tick {
+    /// Time since sampling began.
+    pub elapsed: Duration,
+    /// Samples lost so far: in the kernel (ring buffer full) and in user space (queue full).
+    pub lost_samples: u64,
+}
+
+/// What the tick callback asks of the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep sampling.
+    Continue,
+    /// End [`Session::run`].
+    Stop,
+}
+
+/// The stack-building side of a run: the profile and what builds it.
+struct Building {
+    builder: stack::StackBuilder,
+    profile: Profile,
+    registry: ProcessRegistry,
+    /// Samples built, and the time spent building them.
+    built: (u64, Duration),
+}
+
+impl Building {
+    /// Routes one staged item to the registry and the stack builder.
+    fn handle(&mut self, item: Staged) {
+        match item {
+            Staged::Sample(s) => {
+                let t0 = Instant::now();
+                self.builder.add(&mut self.profile, &mut self.registry, *s);
+                self.built.0 += 1;
+                self.built.1 += t0.elapsed();
+            }
+            Staged::Proc(Event::Exec(p)) => {
+                self.registry.on_exec(p.pid);
+                self.builder.forget_process(p.pid);
+            }
+            Staged::Proc(Event::Exit(p)) => self.registry.on_exit(p.pid),
+            Staged::Proc(Event::Fork(p)) => {
+                self.registry.get_or_load(p.pid);
+            }
+            Staged::Proc(Event::Sample(_)) => {}
+        }
+    }
+}
+
+/// A running session: the collector is attached and the threads are running.
+pub struct Session {
+    cfg: SessionConfig,
+    b: Building,
+    drain: drain::Drain,
+    stage: pystage::PyStageHandle,
+    rx: Receiver<Staged>,
+    child: Option<spawn::HeldChild>,
+    elapsed: Duration,
+}
+
+/// A finished session.
+pub struct Ended {
+    /// Everything sampled (what [`Session::run`]'s callback left in it).
+    pub profile: Profile,
+    /// The end-of-run summary (its error counts are also in the profile's metadata).
+    pub summary: RecordSummary,
+}
+
+/// Starts the collector (and `-- COMMAND`, held until it is a target).
+fn start_collector(
+    cfg: &SessionConfig,
+) -> Result<(Collector, Option<spawn::HeldChild>), RecordError> {
+    let (pids, follow_children) = match &cfg.target {
+        Target::All => (Vec::new(), false),
+        Target::Pids(p) => (p.clone(), cfg.subprocesses),
+        Target::Command(_) => (Vec::new(), true),
+    };
+    let collect_cfg = CollectConfig {
+        frequency_hz: cfg.rate_hz,
+        pids,
+        filter_pids: !matches!(cfg.target, Target::All),
+        follow_children,
+        stack_bytes: cfg.stack_bytes,
+        kernel_stacks: cfg.kernel,
+        ring_bytes: sampler_common::DEFAULT_RING_BYTES,
+        self_pid: std::process::id(),
+    };
+    let mut collector = Collector::start(&collect_cfg)?;
+    let child = match &cfg.target {
+        Target::Command(cmd) => {
+            let spawn_err = |source| RecordError::Spawn {
+                command: cmd.join(" "),
+                source,
+            };
+            let mut child = spawn::spawn_held(cmd).map_err(spawn_err)?;
+            collector.add_target_pid(child.pid())?;
+            child.release().map_err(spawn_err)?;
+            Some(child)
+        }
+        _ => None,
+    };
+    Ok((collector, child))
+}
+
+impl Session {
+    /// Installs the Ctrl-C/SIGTERM handlers, loads and attaches the eBPF program, starts the
+    /// threads. `argv` is stored in the run metadata. Messages about targets without Python
+    /// frames go to stderr here, before sampling.
+    pub fn start(cfg: SessionConfig, argv: &[String]) -> Result<Session, RecordError> {
+        signals::install();
+        // Attaches start now, on their own threads, while the eBPF object loads.
+        let mut tracker = pytrack::Tracker::new(cfg.native);
+        let busy = match &cfg.target {
+            Target::All => tracker.scan_all(),
+            Target::Pids(pids) => {
+                for &pid in pids {
+                    tracker.request_now(pid);
+                }
+                Vec::new()
+            }
+            Target::Command(_) => Vec::new(),
+        };
+        let (mut collector, child) = start_collector(&cfg)?;
+        // Taken before the collector moves into the drain thread: the Python stage writes it.
+        tracker.set_sink(Box::new(collector.take_python_procs()?));
+        if let Target::Pids(pids) = &cfg.target {
+            // The kernel walks their Python frames from the first drained samples on.
+            tracker.wait_for(pids, Duration::from_secs(2));
+            for (pid, why) in tracker.failures(pids) {
+                eprintln!("pyebpf: no Python frames for pid {pid}: {why}");
+            }
+        } else {
+            tracker.tick(Instant::now());
+        }
+        let all = matches!(cfg.target, Target::All);
+        // With --all, the run begins once the busy Python processes are announced to the
+        // kernel: until then their samples would carry no Python frames. The drain runs
+        // meanwhile (the ring buffer never fills) and discards those early samples.
+        let cpus = collector.online_cpus();
+        let (drain, drained) = drain::start(collector, cfg.stack_bytes, all);
+        if all {
+            tracker.wait_for(&busy, Duration::from_secs(3));
+            drain.begin_now();
+        }
+        let meta = RunMeta {
+            host: hostname(),
+            kernel: kernel_release(),
+            start_unix_s: libc_time() as u64,
+            rate_hz: cfg.rate_hz,
+            cpus,
+            command_line: argv.to_vec(),
+            ..RunMeta::default()
+        };
+        let mut b = Building {
+            builder: stack::StackBuilder::new(stack::BuildConfig {
+                native: cfg.native,
+                kernel: cfg.kernel,
+                threads: cfg.threads,
+            }),
+            profile: Profile::new(meta),
+            registry: ProcessRegistry::new(),
+            built: (0, Duration::ZERO),
+        };
+        let stage_cfg = pystage::StageConfig {
+            gil: cfg.gil,
+            threads: cfg.threads,
+        };
+        // The stack builder's queue: a quarter of the drain's (memory stays bounded by both).
+        let capacity = (drain::queue_capacity(cfg.stack_bytes) / 4).max(1024);
+        let (stage, rx) = pystage::start(stage_cfg, tracker, drained, capacity);
+        // After the Python stage started: Python processes are announced to the kernel while
+        // this slower scan runs (samples wait in the queues meanwhile).
+        match &cfg.target {
+            Target::All => {
+                b.registry.scan_all();
+            }
+            Target::Pids(p) => {
+                for &pid in p {
+                    b.registry.get_or_load(pid);
+                }
+            }
+            Target::Command(_) => {}
+        }
+        Ok(Session {
+            cfg,
+            b,
+            drain,
+            stage,
+            rx,
+            child,
+            elapsed: Duration::ZERO,
+        })
+    }
+
+    /// Whether a stop condition other than the deadline holds.
+    fn must_stop(&mut self) -> bool {
+        signals::STOP.load(Ordering::Relaxed)
+            || self.child.as_mut().is_some_and(spawn::HeldChild::try_wait)
+            || self.drain.is_finished()
+            || self.stage.is_finished()
+    }
+
+    /// Builds stacks into the profile until a stop condition holds or `on_tick` returns
+    /// [`Flow::Stop`]; `on_tick` is called at the start, then about every [`TICK`]. Returns the
+    /// time sampled.
+    pub fn run(&mut self, mut on_tick: impl FnMut(&mut Profile, &Tick) -> Flow) -> Duration {
+        let started = Instant::now();
+        let deadline = self.cfg.duration.map(|d| started + d);
+        let mut next_tick = started;
+        loop {
+            let now = Instant::now();
+            if self.must_stop() || deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            if now >= next_tick {
+                let tick = Tick {
+                    elapsed: now - started,
+                    lost_samples: self.drain.lost_so_far(),
+                };
+                if on_tick(&mut self.b.profile, &tick) == Flow::Stop {
+                    break;
+                }
+                next_tick = now + TICK;
+            }
+            let mut wait = next_tick.saturating_duration_since(Instant::now());
+            if let Some(d) = deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            match self.rx.recv_timeout(wait) {
+                Ok(item) => {
+                    self.b.handle(item);
+                    // Everything already queued, without waiting.
+                    while let Ok(item) = self.rx.try_recv() {
+                        self.b.handle(item);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        self.elapsed += started.elapsed();
+        self.elapsed
+    }
+
+    /// Stops sampling, builds what is still queued and returns the profile and the summary.
+    pub fn finish(mut self) -> Result<Ended, RecordError> {
+        let finished = self.drain.finish()?;
+        // What the drain thread queued before it stopped: the stage ends when its input closes.
+        for item in &self.rx {
+            self.b.handle(item);
+        }
+        let report = self.stage.finish();
+        self.b.profile.meta.duration_s = self.elapsed.as_secs_f64();
+        let summary = summarize(&self.cfg, &mut self.b, &finished, report);
+        Ok(Ended {
+            profile: self.b.profile,
+            summary,
+        })
+    }
+}
+
+/// Fills the profile's error counts and builds the summary.
+fn summarize(
+    cfg: &SessionConfig,
+    b: &mut Building,
+    finished: &drain::Finished,
+    report: pystage::StageReport,
+) -> RecordSummary {
+    let (builder, registry) = (&b.builder, &b.registry);
+    let meta = &mut b.profile.meta;
+    meta.lost_samples = finished.counters.lost_samples() + finished.dropped;
+    meta.errors = builder.errors().clone();
+    if finished.dropped > 0 {
+        meta.errors
+            .insert("lost_in_user_space".to_string(), finished.dropped);
+    }
+    for (name, value) in finished.counters.error_counts() {
+        if value > 0 {
+            meta.errors.insert(name.to_string(), value);
+        }
+    }
+    for (name, value) in registry.error_counts() {
+        if value > 0 {
+            meta.errors.insert(format!("procs_{name}"), value);
+        }
+    }
+    for (name, value) in &report.errors {
+        *meta.errors.entry((*name).to_string()).or_default() += value;
+    }
+    // Python failures, summed over processes (the per-process lines break them down).
+    for (_, s) in &report.procs {
+        for (kind, n) in &s.errors {
+            *meta.errors.entry(format!("python_{kind}")).or_default() += n;
+        }
+    }
+    let mut summary = RecordSummary::from_profile(
+        &b.profile,
+        cfg.rate_hz,
+        signals::STOP.load(Ordering::Relaxed),
+    );
+    summary.python = report
+        .procs
+        .into_iter()
+        .map(|(pid, stats)| PyProcLine {
+            pid,
+            merge_mismatches: builder.mismatches().get(&pid).copied().unwrap_or(0),
+            stats,
+        })
+        .collect();
+    summary.python_overflow = report.overflow;
+    summary.program = finished.program;
+    if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
+        summary.user_cost = Some([(report.samples, report.busy), b.built]);
+    }
+    summary
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
