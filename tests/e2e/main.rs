@@ -10,5 +10,6 @@ mod dump;
 mod pprof;
 mod pyrecord;
 mod record;
+mod report;
 mod saved;
 mod top;
