@@ -1,6 +1,9 @@
 //! The text view of `report`, like `perf report --stdio`: `#` header lines with the run's
 //! metadata, a column header, one line per row, and with `-g` the row's call tree under it.
 //!
+//! Columns: Overhead (self %), Samples, one per key; with `--children`: Children %, Self %,
+//! Samples (the row's Children samples, the count behind the first column), one per key.
+//!
 //! Everything taken from the profile (names, host, command line) is printed with control
 //! characters replaced by `?`, so a crafted name cannot drive the terminal. Columns are padded
 //! to their widest value, at most [`MAX_COLUMN`] characters (longer values overflow); the last
