@@ -42,6 +42,9 @@ const AUTO_REAP_EVERY: u32 = 256;
 const MAX_MAPS_BYTES: u64 = 16 << 20;
 /// Largest cmdline read.
 const MAX_CMDLINE_BYTES: u64 = 64 << 10;
+/// `PF_KTHREAD` in the `flags` field of `/proc/PID/stat` (include/linux/sched.h).
+const PF_KTHREAD: u32 = 0x0020_0000;
+
 /// Most cmdline arguments kept.
 const MAX_CMDLINE_ARGS: usize = 1024;
 /// Largest cgroup or status file read.
@@ -494,8 +497,11 @@ impl ProcessRegistry {
         })?;
         let errors = &mut self.errors;
 
+        // Kernel threads have no executable (`exe` is ENOENT): not an error.
+        let kernel_thread = stat.flags & PF_KTHREAD != 0;
         let exe = match pf.exe() {
             Ok(p) => Some(p),
+            Err(_) if kernel_thread => None,
             Err(e) => {
                 errors.count(ProcsErrorKind::Exe, || format!("pid {pid}: {e}"));
                 None

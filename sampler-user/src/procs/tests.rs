@@ -165,3 +165,40 @@ fn nspid_lines() {
     assert_eq!(innermost_nspid("NSpid:\tx\n"), None);
     assert_eq!(innermost_nspid("Name:\tx\n"), None);
 }
+
+/// Kernel threads have no executable: loading one is not an `exe` error (with `--all` every
+/// kernel thread that shows up in a sample would otherwise be counted).
+#[test]
+fn kernel_threads_are_not_exe_errors() {
+    if !require_root("kernel_threads_are_not_exe_errors") {
+        return;
+    }
+    let kthreads: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            procfs::process::Process::new(*pid as i32)
+                .and_then(|p| p.stat())
+                .is_ok_and(|s| s.flags & PF_KTHREAD != 0)
+        })
+        .take(20)
+        .collect();
+    assert!(!kthreads.is_empty(), "no kernel thread found in /proc");
+    let mut reg = ProcessRegistry::new();
+    for &pid in &kthreads {
+        assert!(
+            reg.get_or_load(pid).is_some(),
+            "kernel thread {pid} not loaded"
+        );
+    }
+    let exe_errors: u64 = reg
+        .error_counts()
+        .into_iter()
+        .filter(|(k, _)| *k == "exe")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        exe_errors, 0,
+        "kernel threads {kthreads:?} counted as exe errors"
+    );
+}
