@@ -8,7 +8,7 @@
 //! Layout: the 8-byte magic [`MAGIC`] (PNG-style: a high byte, then `PYEBPF`, then a line feed,
 //! so text-mode transfers and mistaken file types are caught), a little-endian `u32` format
 //! version ([`FORMAT_VERSION`]), then one gzip member holding one protobuf message
-//! (`SavedProfile`, schema in [`schema`] and docs/saved-format.md). Strings are interned in one
+//! (`SavedProfile`, schema as `.proto` text in [`schema`]). Strings are interned in one
 //! table; samples are stored column-wise as packed varints (time as deltas), which gzip
 //! compresses to a few bytes per sample.
 //!
