@@ -9,8 +9,9 @@ use super::support::{OutDir, Recording, Workload, count_where, dump_json, setup,
 /// Seconds of recording per run.
 const SECONDS: &str = "3";
 
-/// Fewest samples of a spinning thread in `SECONDS` s that we accept (99 Hz on a loaded machine).
-const MIN_SAMPLES: u64 = 30;
+/// Fewest samples of a spinning thread in `SECONDS` s that we accept: two spinning threads on a
+/// 2-core machine busy with other work (one had 30 of ~300 possible, the other ~300).
+const MIN_SAMPLES: u64 = 15;
 
 /// Share (percent) of a thread's samples that must end in its spinning function.
 const MIN_PERCENT: u64 = 90;
