@@ -30,6 +30,8 @@ pub mod maps {
     /// `PerCpuArray<[u64; 16]>` (one entry): the kernel walk's frame-header scratch buffer.
     /// Kernel-internal; user space never touches it.
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
+    /// `PerCpuArray` (one entry): the kernel walk's thread-list walk state. Kernel-internal.
+    pub const PY_WALK: &str = "PY_WALK";
     /// Name of the `Config` global set at load time.
     pub const CONFIG: &str = "CONFIG";
 }
@@ -105,7 +107,8 @@ pub const PY_MAX_FRAMES: usize = 256;
 pub const PY_PROCS_ENTRIES: u32 = 4096;
 /// Entries of the `PY_TSTATES` cache.
 pub const PY_TSTATES_ENTRIES: u32 = 65536;
-/// Maximum thread states walked on a `PY_TSTATES` miss.
+/// Steps of the thread-state walk on a `PY_TSTATES` miss: thread states visited plus hops to
+/// the next interpreter.
 pub const PY_MAX_THREADS_WALKED: u32 = 256;
 /// Offset value meaning "this field does not exist in this build".
 pub const PY_NO_OFFSET: u32 = u32::MAX;
@@ -116,7 +119,8 @@ pub const PY_FRAME_HEADER_BYTES: u32 = 80;
 
 /// What the in-kernel Python walk needs for one process; derived by user space from the
 /// process's `RuntimeLayout` (its `_Py_DebugOffsets`) and written to `PY_PROCS`.
-/// All offsets are in bytes; [`PY_NO_OFFSET`] marks an absent field.
+/// All offsets are in bytes; [`PY_NO_OFFSET`] marks an absent field. The walk visits every
+/// interpreter (`interpreters.head` → `next`…, newest first) and every thread state of each.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyProcInfo {
@@ -127,12 +131,22 @@ pub struct PyProcInfo {
     pub pidns_dev: u64,
     /// Inode of the target's pid namespace; 0 as above.
     pub pidns_ino: u64,
-    /// `_PyRuntimeState.interpreters.head`.
+    /// `_PyRuntimeState.interpreters.head` (the newest interpreter).
     pub interpreters_head: u32,
+    /// `PyInterpreterState.next` (the next older interpreter; NULL after the main one).
+    pub interp_next: u32,
     /// `PyInterpreterState.threads.head`.
     pub threads_head: u32,
+    /// `PyInterpreterState.ceval.gil`: pointer to the `_gil_runtime_state` the interpreter
+    /// uses (its own `_gil`, or the main interpreter's when it shares that one); NULL → use
+    /// the embedded one at [`PyProcInfo::interp_gil_struct`].
+    pub interp_ceval_gil: u32,
+    /// `PyInterpreterState._gil`: the embedded `_gil_runtime_state`.
+    pub interp_gil_struct: u32,
     /// `PyThreadState.next`.
     pub tstate_next: u32,
+    /// `PyThreadState.interp`: the interpreter the thread state belongs to.
+    pub tstate_interp: u32,
     /// `PyThreadState.native_thread_id`.
     pub tstate_native_thread_id: u32,
     /// 3.13+: `PyThreadState.current_frame`; 3.12: `PyThreadState.cframe`.
@@ -149,16 +163,16 @@ pub struct PyProcInfo {
     pub frame_owner: u32,
     /// `_PyInterpreterFrame.tlbc_index` (i32, 3.14t); else `PY_NO_OFFSET`.
     pub frame_tlbc_index: u32,
-    /// GIL `locked` (int), relative to the interpreter state; `PY_NO_OFFSET` if unknown.
+    /// `_gil_runtime_state.locked` (int), relative to the GIL struct; `PY_NO_OFFSET` if unknown.
     pub gil_locked: u32,
-    /// GIL `last_holder` (pointer), relative to the interpreter state.
+    /// `_gil_runtime_state.last_holder` (pointer), relative to the GIL struct.
     pub gil_holder: u32,
-    /// Free-threaded GIL `enabled` (int), relative to the interpreter state; else `PY_NO_OFFSET`.
+    /// `_gil_runtime_state.enabled` (int, free-threaded builds), relative to the GIL struct;
+    /// else `PY_NO_OFFSET`.
     pub gil_enabled: u32,
-    /// Explicit padding.
-    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 88);
+// 3 words and 18 ints: no padding, implicit or explicit.
+const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 3 * 8 + 18 * 4);
 
 impl PyProcInfo {
     /// Whether the frame offsets fit the kernel's one-read frame header: the 8-byte fields
@@ -203,8 +217,8 @@ pub mod py_flags {
     pub const CAPTURED: u32 = 1 << 0;
     /// More than `PY_MAX_FRAMES` frames: the outermost ones are missing.
     pub const TRUNCATED: u32 = 1 << 1;
-    /// The sampled thread has no thread state in the process (not a Python thread), or the
-    /// thread list was longer than `PY_MAX_THREADS_WALKED`.
+    /// The sampled thread has no thread state in any interpreter of the process (not a Python
+    /// thread), or the walk of the thread lists took more than `PY_MAX_THREADS_WALKED` steps.
     pub const NO_TSTATE: u32 = 1 << 2;
     /// A read of target memory failed (the frames before it are kept), or the `PY_PROCS`
     /// entry was unusable (bad frame offsets, wrong pid namespace); see the `Py*` counters.
@@ -221,9 +235,10 @@ pub mod py_flags {
 pub struct PyCapture {
     /// Thread state address (0 if none).
     pub tstate: u64,
-    /// GIL `last_holder` read at the sample (0 if unknown).
+    /// `last_holder` of the GIL of the thread state's interpreter, read at the sample (0 if
+    /// unknown).
     pub gil_holder: u64,
-    /// GIL `locked` read at the sample (-1 if unknown).
+    /// `locked` of that GIL, read at the sample (-1 if unknown).
     pub gil_locked: i32,
     /// Free-threaded GIL `enabled` (-1 if not applicable).
     pub gil_enabled: i32,
@@ -377,7 +392,8 @@ pub enum Counter {
     PyTruncated = 15,
     /// Thread-list walks: `PY_TSTATES` had no valid entry for the sampled thread.
     PyTstateWalks = 16,
-    /// Thread-list walks that gave up after `PY_MAX_THREADS_WALKED` thread states.
+    /// Thread-list walks that gave up after `PY_MAX_THREADS_WALKED` steps (thread states
+    /// visited plus interpreter hops).
     PyThreadBudget = 17,
     /// `PY_PROCS` entries the walk cannot use ([`PyProcInfo::frame_offsets_fit`] is false).
     PyBadProcInfo = 18,
@@ -614,8 +630,12 @@ mod tests {
             pidns_dev: 4,
             pidns_ino: 0xf000_0001,
             interpreters_head: 808,
+            interp_next: 0,
             threads_head: 7344,
+            interp_ceval_gil: 7784,
+            interp_gil_struct: 7792,
             tstate_next: 8,
+            tstate_interp: 16,
             tstate_native_thread_id: 160,
             tstate_current_frame: 72,
             cframe_current_frame: PY_NO_OFFSET,
@@ -624,10 +644,9 @@ mod tests {
             frame_instr_ptr: 56,
             frame_owner: 74,
             frame_tlbc_index: PY_NO_OFFSET,
-            gil_locked: 7800,
-            gil_holder: 7792,
+            gil_locked: 8,
+            gil_holder: 0,
             gil_enabled: PY_NO_OFFSET,
-            _pad: 0,
         };
         assert_eq!(decode::<PyProcInfo>(encode(&info)), Some(info));
         let mut cap = PyCapture {

@@ -47,6 +47,11 @@ const _: () = assert!(
 #[map(name = "PY_SCRATCH")]
 pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
+/// The thread-state walk's state (see `python::ThreadWalk`): per-CPU map memory, which the
+/// verifier does not track, rather than the BPF stack.
+#[map(name = "PY_WALK")]
+pub static PY_WALK: PerCpuArray<crate::python::ThreadWalk> = PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU event counters indexed by `Counter`.
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -78,6 +83,15 @@ pub fn count(counter: Counter) {
         // SAFETY: the pointer is this CPU's slot of a per-CPU array; programs that can preempt
         // each other on one CPU (tracepoint vs. perf event) never bump the same counter.
         unsafe { *slot += 1 };
+    }
+}
+
+/// Add `n` to `counter` on this CPU.
+#[inline(always)]
+pub fn count_n(counter: Counter, n: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: as in `count`.
+        unsafe { *slot += n };
     }
 }
 

@@ -15,6 +15,8 @@
 //!   reports the eBPF program's cost.
 //! - `deliverables`: truncation past the frame cap; a non-Python process under `--all`.
 //! - `command`: `record -- python …` (also through `chroot`) has named frames (deliverable 4).
+//! - `subinterp`: the main interpreter's thread and a sub-interpreter's thread spinning at once
+//!   on 3.12, 3.13 and 3.14 → each thread's samples end in its own function (also with `--gil`).
 //!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
 //! ready file once its threads sit on their spinning lines (see `pyrecord/support.rs`).
@@ -25,4 +27,5 @@ mod deliverables;
 mod gil;
 mod native;
 mod stacks;
+mod subinterp;
 pub(crate) mod support;

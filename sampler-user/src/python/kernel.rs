@@ -8,8 +8,9 @@
 //! Input: an attached process. Output: a [`PyProcInfo`] for the `PY_PROCS` map, or a
 //! [`PyError`] when an offset does not fit the wire type or the process is gone.
 //! Constraints: no version knowledge here — every value comes from the layout (cpython-layouts
-//! §3.1 for the chain, §6 for the GIL: `gil_locked`/`gil_holder` are interpreter-relative as in
-//! the debug offsets, `enabled` is made interpreter-relative by adding `_gil`'s offset).
+//! §3.1 for the chain, §6 for the GIL: the kernel reads the GIL struct an interpreter uses
+//! through `ceval.gil`, so `gil_locked`/`gil_holder`, interpreter-relative in the debug offsets,
+//! are made relative to the struct by subtracting `_gil`'s offset; `enabled` already is).
 
 use std::os::unix::fs::MetadataExt as _;
 
@@ -39,17 +40,18 @@ pub fn offsets_from_layout(
     runtime_addr: u64,
 ) -> Result<PyProcInfo, PyError> {
     let (i, t, f) = (&layout.interp, &layout.tstate, &layout.frame);
-    let gil_enabled = match i.gil_enabled {
-        Some(e) => Some(
-            i.gil_runtime_state
-                .checked_add(e)
-                .ok_or_else(|| PyError::Invalid {
-                    what: "gil_runtime_state_enabled",
-                    addr: 0,
-                    detail: "overflows".into(),
-                })?,
-        ),
-        None => None,
+    // A GIL field's offset inside `_gil_runtime_state` (the debug offsets give it from the
+    // interpreter, the embedded struct at `gil_runtime_state`).
+    let in_gil = |what: &'static str, v: u64| {
+        v.checked_sub(i.gil_runtime_state)
+            .ok_or_else(|| PyError::Invalid {
+                what,
+                addr: 0,
+                detail: format!(
+                    "offset {v} is before the GIL struct at {}",
+                    i.gil_runtime_state
+                ),
+            })
     };
     Ok(PyProcInfo {
         runtime_addr,
@@ -59,8 +61,12 @@ pub fn offsets_from_layout(
             "runtime_state.interpreters_head",
             layout.runtime.interpreters_head,
         )?,
+        interp_next: off("interpreter_state.next", i.next)?,
         threads_head: off("interpreter_state.threads_head", i.threads_head)?,
+        interp_ceval_gil: off("interpreter_state.ceval_gil", i.ceval_gil)?,
+        interp_gil_struct: off("interpreter_state.gil_runtime_state", i.gil_runtime_state)?,
         tstate_next: off("thread_state.next", t.next)?,
+        tstate_interp: off("thread_state.interp", t.interp)?,
         tstate_native_thread_id: off("thread_state.native_thread_id", t.native_thread_id)?,
         tstate_current_frame: off("thread_state.current_frame", t.current_frame)?,
         cframe_current_frame: opt("cframe.current_frame", t.cframe_current_frame)?,
@@ -69,10 +75,15 @@ pub fn offsets_from_layout(
         frame_instr_ptr: off("interpreter_frame.instr_ptr", f.instr_ptr)?,
         frame_owner: off("interpreter_frame.owner", f.owner)?,
         frame_tlbc_index: opt("interpreter_frame.tlbc_index", f.tlbc_index)?,
-        gil_locked: off("interpreter_state.gil_runtime_state_locked", i.gil_locked)?,
-        gil_holder: off("interpreter_state.gil_runtime_state_holder", i.gil_holder)?,
-        gil_enabled: opt("interpreter_state.gil_runtime_state_enabled", gil_enabled)?,
-        _pad: 0,
+        gil_locked: off(
+            "interpreter_state.gil_runtime_state_locked",
+            in_gil("interpreter_state.gil_runtime_state_locked", i.gil_locked)?,
+        )?,
+        gil_holder: off(
+            "interpreter_state.gil_runtime_state_holder",
+            in_gil("interpreter_state.gil_runtime_state_holder", i.gil_holder)?,
+        )?,
+        gil_enabled: opt("interpreter_state.gil_runtime_state_enabled", i.gil_enabled)?,
     })
 }
 
@@ -126,13 +137,13 @@ mod tests {
             .expect("read through a PyProcInfo offset")
     }
 
-    /// Walks runtime → interpreters → threads with nothing but `info` and returns every
-    /// `native_thread_id` (what the eBPF program does on a thread-state cache miss).
+    /// Walks runtime → every interpreter → its threads with nothing but `info` and returns
+    /// every `native_thread_id` (what the eBPF program does on a thread-state cache miss, with
+    /// its budget: thread states plus interpreter hops), checking that each thread state's
+    /// `interp` is the interpreter whose list holds it.
     fn native_ids(mem: &ProcessMemory, info: &PyProcInfo) -> Vec<u64> {
         let mut ids = Vec::new();
-        // The first interpreter of the list (the main one in a single-interpreter process);
-        // `PyInterpreterState.next` is not part of the wire type.
-        let interp = field(mem, info.runtime_addr, info.interpreters_head);
+        let mut interp = field(mem, info.runtime_addr, info.interpreters_head);
         let mut ts = if interp == 0 {
             0
         } else {
@@ -140,16 +151,66 @@ mod tests {
         };
         for _ in 0..256 {
             if ts == 0 {
-                break;
+                interp = field(mem, interp, info.interp_next);
+                if interp == 0 {
+                    break;
+                }
+                ts = field(mem, interp, info.threads_head);
+                continue;
             }
+            assert_eq!(field(mem, ts, info.tstate_interp), interp, "tstate->interp");
             ids.push(field(mem, ts, info.tstate_native_thread_id));
             ts = field(mem, ts, info.tstate_next);
         }
         ids
     }
 
+    /// The GIL struct `interp` uses, as the kernel finds it.
+    fn gil_struct(mem: &ProcessMemory, info: &PyProcInfo, interp: u64) -> u64 {
+        match field(mem, interp, info.interp_ceval_gil) {
+            0 => interp + u64::from(info.interp_gil_struct),
+            gil => gil,
+        }
+    }
+
+    /// Creates an isolated sub-interpreter whose thread prints `sub ID` and sleeps, then prints
+    /// `main ID` from the main thread and sleeps.
+    const SUB_SCRIPT: &str = r#"import threading, time
+code = """import threading, time
+def f():
+    print("sub", threading.get_native_id(), flush=True)
+    time.sleep(600)
+threading.Thread(target=f).start()
+"""
+try:
+    import _interpreters as m
+    i = m.create()
+    m.exec(i, code)
+except ImportError:
+    import _xxsubinterpreters as m
+    i = m.create()
+    m.run_string(i, code)
+print("main", threading.get_native_id(), flush=True)
+time.sleep(600)
+"#;
+
     /// Starts `python` running [`SCRIPT`]; returns it and its main thread's native id.
     fn start(name: &str, python: &str) -> Option<(Killed, u64)> {
+        let (child, lines) = start_script(name, python, SCRIPT, 1)?;
+        let tid = lines[0]
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {lines:?}"));
+        Some((child, tid))
+    }
+
+    /// Starts `python -c script` and reads `lines` lines of its output.
+    fn start_script(
+        name: &str,
+        python: &str,
+        script: &str,
+        lines: usize,
+    ) -> Option<(Killed, Vec<String>)> {
         if !std::path::Path::new(python).exists() {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
@@ -159,20 +220,20 @@ mod tests {
             return None;
         }
         let mut child = Command::new(python)
-            .args(["-c", SCRIPT])
+            .args(["-c", script])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let stdout = child.stdout.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let child = Killed(child);
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        let tid = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {line:?}"));
-        Some((child, tid))
+        let mut out = Vec::new();
+        for _ in 0..lines {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            out.push(line);
+        }
+        Some((child, out))
     }
 
     /// Every wire offset equals the layout's (absent ones are `PY_NO_OFFSET`).
@@ -184,12 +245,24 @@ mod tests {
                 info.interpreters_head,
                 l.runtime.interpreters_head as u32,
             ),
+            ("interp_next", info.interp_next, l.interp.next as u32),
             (
                 "threads_head",
                 info.threads_head,
                 l.interp.threads_head as u32,
             ),
+            (
+                "ceval_gil",
+                info.interp_ceval_gil,
+                l.interp.ceval_gil as u32,
+            ),
+            (
+                "gil_struct",
+                info.interp_gil_struct,
+                l.interp.gil_runtime_state as u32,
+            ),
             ("tstate_next", info.tstate_next, l.tstate.next as u32),
+            ("tstate_interp", info.tstate_interp, l.tstate.interp as u32),
             (
                 "native_thread_id",
                 info.tstate_native_thread_id,
@@ -214,8 +287,17 @@ mod tests {
             ("instr_ptr", info.frame_instr_ptr, l.frame.instr_ptr as u32),
             ("owner", info.frame_owner, l.frame.owner as u32),
             ("tlbc_index", info.frame_tlbc_index, no(l.frame.tlbc_index)),
-            ("gil_locked", info.gil_locked, l.interp.gil_locked as u32),
-            ("gil_holder", info.gil_holder, l.interp.gil_holder as u32),
+            (
+                "gil_locked",
+                info.gil_locked,
+                (l.interp.gil_locked - l.interp.gil_runtime_state) as u32,
+            ),
+            (
+                "gil_holder",
+                info.gil_holder,
+                (l.interp.gil_holder - l.interp.gil_runtime_state) as u32,
+            ),
+            ("gil_enabled", info.gil_enabled, no(l.interp.gil_enabled)),
         ];
         for (field, wire, layout) in pairs {
             assert_eq!(wire, layout, "{name}: {field}");
@@ -268,12 +350,69 @@ mod tests {
                 ids.contains(&main_tid),
                 "{name}: main thread {main_tid} not in {ids:?}"
             );
+            let interp = field(&mem, info.runtime_addr, info.interpreters_head);
+            let gil = gil_struct(&mem, &info, interp);
             if name.ends_with('t') {
                 // A free-threaded build runs without the GIL by default: `enabled` reads 0.
-                let interp = field(&mem, info.runtime_addr, info.interpreters_head);
-                let enabled = mem.read_i32(interp + u64::from(info.gil_enabled)).unwrap();
+                let enabled = mem.read_i32(gil + u64::from(info.gil_enabled)).unwrap();
                 assert_eq!(enabled, 0, "{name}: GIL enabled?");
+            } else {
+                // `last_holder` is one of the two thread states (it is not cleared on release).
+                let holder = field(&mem, gil, info.gil_holder);
+                assert_ne!(holder, 0, "{name}: no GIL last_holder");
+                let id = field(&mem, holder, info.tstate_native_thread_id);
+                assert!(
+                    ids.contains(&id),
+                    "{name}: last_holder's id {id} not in {ids:?}"
+                );
             }
+        }
+    }
+
+    /// The walk reaches a sub-interpreter's thread and the main thread; the isolated
+    /// sub-interpreter has a GIL of its own.
+    #[test]
+    fn live_offsets_walk_every_interpreter() {
+        let pythons = [
+            ("3.12", "/root/.pyenv/versions/3.12.1/bin/python3.12"),
+            ("3.13", "/root/.pyenv/versions/3.13.0/bin/python3.13"),
+        ];
+        for (name, python) in pythons {
+            let Some((child, lines)) = start_script(name, python, SUB_SCRIPT, 2) else {
+                continue;
+            };
+            let tid = |who: &str| -> u64 {
+                lines
+                    .iter()
+                    .find_map(|l| l.strip_prefix(who)?.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("{name}: no `{who}ID` line in {lines:?}"))
+            };
+            let (main_tid, sub_tid) = (tid("main "), tid("sub "));
+            let pid = child.0.id();
+            let p = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let info = kernel_info(&p).unwrap();
+            let mem = ProcessMemory::new(pid);
+            let ids = native_ids(&mem, &info);
+            assert!(
+                ids.contains(&main_tid) && ids.contains(&sub_tid),
+                "{name}: main thread {main_tid} and sub-interpreter thread {sub_tid} not both \
+                 in {ids:?}"
+            );
+            let sub = field(&mem, info.runtime_addr, info.interpreters_head);
+            let main = field(&mem, sub, info.interp_next);
+            assert_ne!(main, 0, "{name}: one interpreter only");
+            assert_eq!(
+                field(&mem, main, info.interp_next),
+                0,
+                "{name}: three interpreters"
+            );
+            let (sub_gil, main_gil) = (gil_struct(&mem, &info, sub), gil_struct(&mem, &info, main));
+            assert_eq!(
+                sub_gil,
+                sub + u64::from(info.interp_gil_struct),
+                "{name}: the isolated sub-interpreter uses its own GIL"
+            );
+            assert_ne!(sub_gil, main_gil, "{name}");
         }
     }
 

@@ -114,16 +114,30 @@ fn start_script(
 fn capture(mem: &ProcessMemory, info: &PyProcInfo, tid: u64) -> PyCaptured {
     let at = |addr: u64, off: u32| addr.wrapping_add(u64::from(off));
     let word = |addr: u64, off: u32| mem.read_u64(at(addr, off)).unwrap();
-    let interp = word(info.runtime_addr, info.interpreters_head);
-    let mut ts = word(interp, info.threads_head);
-    while ts != 0 && word(ts, info.tstate_native_thread_id) != tid {
-        ts = word(ts, info.tstate_next);
+    let top = |ts: u64| {
+        let frame = word(ts, info.tstate_current_frame);
+        if info.cframe_current_frame == PY_NO_OFFSET || frame == 0 {
+            frame
+        } else {
+            word(frame, info.cframe_current_frame)
+        }
+    };
+    // Every interpreter, newest first; the first thread state of `tid` with a frame.
+    let mut interp = word(info.runtime_addr, info.interpreters_head);
+    let mut found = None;
+    while interp != 0 && found.is_none() {
+        let mut ts = word(interp, info.threads_head);
+        while ts != 0 {
+            if word(ts, info.tstate_native_thread_id) == tid && top(ts) != 0 {
+                found = Some(ts);
+                break;
+            }
+            ts = word(ts, info.tstate_next);
+        }
+        interp = word(interp, info.interp_next);
     }
-    assert_ne!(ts, 0, "thread {tid} not in the thread list");
-    let mut frame = word(ts, info.tstate_current_frame);
-    if info.cframe_current_frame != PY_NO_OFFSET {
-        frame = word(frame, info.cframe_current_frame);
-    }
+    let ts = found.unwrap_or_else(|| panic!("thread {tid} not in the thread lists"));
+    let mut frame = top(ts);
     let mut frames = Vec::new();
     while frame != 0 && frames.len() < 256 {
         let mut owner = [0u8];
