@@ -175,10 +175,12 @@ mod tests {
 
     /// Creates an isolated sub-interpreter whose thread prints `sub ID` and sleeps, then prints
     /// `main ID` from the main thread and sleeps.
-    const SUB_SCRIPT: &str = r#"import threading, time
-code = """import threading, time
+    /// The two threads print concurrently: each line is one `os.write` (atomic on a pipe), as
+    /// `print` may write its pieces separately (unbuffered stdout) and interleave them.
+    const SUB_SCRIPT: &str = r#"import os, threading, time
+code = """import os, threading, time
 def f():
-    print("sub", threading.get_native_id(), flush=True)
+    os.write(1, b"sub %d\\n" % threading.get_native_id())
     time.sleep(600)
 threading.Thread(target=f).start()
 """
@@ -190,7 +192,7 @@ except ImportError:
     import _xxsubinterpreters as m
     i = m.create()
     m.run_string(i, code)
-print("main", threading.get_native_id(), flush=True)
+os.write(1, b"main %d\n" % threading.get_native_id())
 time.sleep(600)
 "#;
 
