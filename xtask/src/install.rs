@@ -8,8 +8,9 @@ use anyhow::{Context as _, Result, bail};
 use crate::setup::{self, Ready};
 use crate::sh::{self, say};
 
-/// Builds `pyebpf` in release mode and installs it as `<prefix>/bin/pyebpf`; returns that path.
-pub fn install(ready: &Ready, prefix: &Path) -> Result<PathBuf> {
+/// `cargo build --release -p sampler-user --bin pyebpf` into the workspace's target directory;
+/// returns the binary.
+pub fn build_release(ready: &Ready) -> Result<PathBuf> {
     let mut build = sh::cargo();
     build.args([
         "build",
@@ -25,6 +26,12 @@ pub fn install(ready: &Ready, prefix: &Path) -> Result<PathBuf> {
     if !artifact.is_file() {
         bail!("{} missing after the build", artifact.display());
     }
+    Ok(artifact)
+}
+
+/// Builds `pyebpf` in release mode and installs it as `<prefix>/bin/pyebpf`; returns that path.
+pub fn install(ready: &Ready, prefix: &Path) -> Result<PathBuf> {
+    let artifact = build_release(ready)?;
     let bindir = prefix.join("bin");
     let dest = bindir.join("pyebpf");
     // Copy next to the destination, then rename: replaces a running pyebpf without ETXTBSY.

@@ -141,28 +141,13 @@ fn ensure_pyspy(python: &Path) -> Result<PathBuf> {
     }
 }
 
-/// `cargo build --release -p sampler-user` into the workspace's target directory.
+/// The release `pyebpf`, built by the same step as `cargo xtask install`.
 fn build_pyebpf() -> Result<PathBuf> {
     let ready = setup::Ready {
         ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
         missing_interpreters: Vec::new(),
     };
-    let mut build = sh::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "sampler-user",
-        "--bin",
-        "pyebpf",
-    ]);
-    ready.apply(&mut build);
-    sh::run(&mut build)?;
-    let bin = sh::target_dir()?.join("release/pyebpf");
-    if !bin.is_file() {
-        bail!("{} missing after the build", bin.display());
-    }
-    Ok(bin)
+    crate::install::build_release(&ready)
 }
 
 /// The facts a result is read against.
