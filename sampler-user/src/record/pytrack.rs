@@ -452,6 +452,27 @@ mod tests {
     }
 
     /// Waits for the attaches in flight.
+    /// A pyenv 3.12 (shared libpython) sleeping for 30 s; `None` (SKIPPED) when it is not
+    /// installed, a failure under `CI=true`.
+    fn sleeping_python() -> Option<Killed> {
+        let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
+        if !std::path::Path::new(python).exists() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{python} missing under CI=true"
+            );
+            eprintln!("SKIPPED: {python} not found");
+            return None;
+        }
+        Some(Killed(
+            Command::new(python)
+                .args(["-c", "import time; time.sleep(30)"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        ))
+    }
+
     fn settle(t: &mut Tracker) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !t.pending.is_empty() && Instant::now() < deadline {
@@ -465,18 +486,7 @@ mod tests {
     fn stale_results_are_dropped() {
         let log = Log::default();
         let mut t = tracker(Box::new(log.clone()));
-        let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
-        if !std::path::Path::new(python).exists() {
-            eprintln!("SKIPPED: {python} not found");
-            return;
-        }
-        let py = Killed(
-            Command::new(python)
-                .args(["-c", "import time; time.sleep(30)"])
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let Some(py) = sleeping_python() else { return };
         std::thread::sleep(Duration::from_millis(300));
         let pid = py.0.id();
         assert!(
@@ -507,19 +517,8 @@ mod tests {
         assert!(t.pending.is_empty(), "one attempt per pid");
         assert!(t.get(std::process::id()).is_none(), "never ourselves");
         assert!(t.pending.is_empty());
-        let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
-        if !std::path::Path::new(python).exists() {
-            eprintln!("SKIPPED: {python} not found");
-            return;
-        }
         // Shared libpython: mapped by ld.so after the exec; retried until it is.
-        let py = Killed(
-            Command::new(python)
-                .args(["-c", "import time; time.sleep(30)"])
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let Some(py) = sleeping_python() else { return };
         let pid = py.0.id();
         t.on_exec(pid);
         let deadline = Instant::now() + Duration::from_secs(3);
