@@ -103,13 +103,11 @@ impl Interp {
         if host.exists() {
             return true;
         }
-        let why = format!("interpreter {} not found at {}", self.name, host.display());
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{why} (CI=true: missing interpreters fail)"
-        );
-        eprintln!("SKIPPED: {why}");
-        false
+        !crate::procs::tests::missing(&format!(
+            "interpreter {} not found at {}",
+            self.name,
+            host.display()
+        ))
     }
 }
 

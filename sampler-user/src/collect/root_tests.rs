@@ -4,7 +4,6 @@
 //! must run them. They are serialised (a shared lock) because each loads its own object and
 //! competes for the same two CPUs.
 use std::{
-    io::Write as _,
     process::Command,
     sync::{Mutex, mpsc},
     time::{Duration, Instant},
@@ -18,17 +17,7 @@ pub(super) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// True when running as root; otherwise skip (or fail under CI=true).
 pub(super) fn have_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{test} needs root and CI=true"
-    );
-    // Written to the stderr handle, not with eprintln!, so the test harness does not swallow it.
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {test} needs root ***\n");
-    false
+    crate::procs::tests::require_root(test)
 }
 
 fn gettid() -> u32 {

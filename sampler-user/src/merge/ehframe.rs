@@ -419,7 +419,7 @@ mod tests {
         ];
         for (exe, hot, size, cold, cold_end) in cases {
             let Ok(f) = std::fs::File::open(format!("{sid}/{exe}")) else {
-                eprintln!("SKIPPED: no {exe} in the sid root");
+                crate::procs::tests::missing(&format!("no {exe} in the sid root"));
                 continue;
             };
             let info = read_elf_info(&f).unwrap();

@@ -474,11 +474,11 @@ mod tests {
             assert!(p.has_symtab);
             assert!(p.ranges.len() >= 2, "3.12 libpython: {:?}", p.ranges);
         } else {
-            eprintln!("SKIPPED: {lib} not found");
+            crate::procs::tests::missing(&format!("{lib} not found"));
         }
         let sid = "/var/cache/pyebpf-test/roots/sid";
         let Ok(f) = File::open(format!("{sid}/usr/bin/python3.14")) else {
-            eprintln!("SKIPPED: no Debian 3.14 in {sid}");
+            crate::procs::tests::missing(&format!("no Debian 3.14 in {sid}"));
             return;
         };
         let exe = ranges_in_elf(&f).unwrap();
@@ -494,7 +494,7 @@ mod tests {
             .trim_start_matches('/')
             .to_string();
         let Ok(d) = File::open(format!("{sid}/{dbg}")) else {
-            eprintln!("SKIPPED: no debug file for python3.14 in {sid}");
+            crate::procs::tests::missing(&format!("no debug file for python3.14 in {sid}"));
             return;
         };
         let dbg_pieces = ranges_in_elf(&d).unwrap();

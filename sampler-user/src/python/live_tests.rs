@@ -122,12 +122,10 @@ fn interp(name: &'static str) -> Option<Interp> {
         |r| r.join(python.trim_start_matches('/')),
     );
     if !host.exists() {
-        let why = format!("interpreter {name} not found at {}", host.display());
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{why} (CI=true: missing interpreters fail)"
-        );
-        eprintln!("SKIPPED: {why}");
+        crate::procs::tests::missing(&format!(
+            "interpreter {name} not found at {}",
+            host.display()
+        ));
         return None;
     }
     Some(Interp { name, python, root })

@@ -76,11 +76,7 @@ fn start_script(
 ) -> Option<(Killed, u64)> {
     let host = format!("{}{python}", root.unwrap_or(""));
     if !std::path::Path::new(&host).exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name} missing under CI=true"
-        );
-        eprintln!("SKIPPED: interpreter {name} not found at {host}");
+        crate::procs::tests::missing(&format!("interpreter {name} not found at {host}"));
         return None;
     }
     let mut cmd = match root {

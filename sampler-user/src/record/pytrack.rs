@@ -457,11 +457,7 @@ mod tests {
     fn sleeping_python() -> Option<Killed> {
         let python = "/root/.pyenv/versions/3.12.1/bin/python3.12";
         if !std::path::Path::new(python).exists() {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{python} missing under CI=true"
-            );
-            eprintln!("SKIPPED: {python} not found");
+            crate::procs::tests::missing(&format!("{python} not found"));
             return None;
         }
         Some(Killed(

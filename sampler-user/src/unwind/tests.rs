@@ -450,7 +450,7 @@ fn python_interpreters_unwind_to_the_root() {
         .filter(|p| std::path::Path::new(p).exists())
         .collect();
     if found.is_empty() {
-        eprintln!("\n*** SKIPPED python_interpreters_unwind_to_the_root: no interpreter ***\n");
+        crate::procs::tests::missing("python_interpreters_unwind_to_the_root: no interpreter");
         return;
     }
     for py in found {
