@@ -60,21 +60,19 @@ pub struct RecordRequest {
     pub progress: bool,
 }
 
-/// A validated `record` configuration.
+/// What a sampling session samples: the part of `record`'s configuration that `top` shares.
 #[derive(Clone, Debug)]
 #[allow(
     clippy::struct_excessive_bools,
     reason = "independent switches of the run, each read by a different stage"
 )]
-pub struct RecordConfig {
+pub struct SessionConfig {
     /// What to profile.
     pub target: Target,
     /// How long to sample; `None` until Ctrl-C (or the command's exit).
     pub duration: Option<Duration>,
     /// Samples per second per CPU.
     pub rate_hz: u64,
-    /// Where to write the outputs and in which format, in the order given (at least one).
-    pub outputs: Vec<(PathBuf, Format)>,
     /// Unwind native user stacks.
     pub native: bool,
     /// Add kernel frames.
@@ -87,6 +85,15 @@ pub struct RecordConfig {
     pub subprocesses: bool,
     /// User-stack bytes copied per sample (0 without `--native`).
     pub stack_bytes: u32,
+}
+
+/// A validated `record` configuration.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    /// What to sample.
+    pub session: SessionConfig,
+    /// Where to write the outputs and in which format, in the order given (at least one).
+    pub outputs: Vec<(PathBuf, Format)>,
     /// Show a progress line.
     pub progress: bool,
 }
@@ -192,16 +199,18 @@ impl RecordConfig {
         };
         let outputs = outputs(std::mem::take(&mut req.outputs), req.format.as_deref(), now)?;
         Ok(RecordConfig {
-            target,
-            duration,
-            rate_hz: req.rate_hz,
+            session: SessionConfig {
+                target,
+                duration,
+                rate_hz: req.rate_hz,
+                native: req.native,
+                kernel: req.kernel,
+                threads: req.threads,
+                gil: req.gil,
+                subprocesses: req.subprocesses,
+                stack_bytes,
+            },
             outputs,
-            native: req.native,
-            kernel: req.kernel,
-            threads: req.threads,
-            gil: req.gil,
-            subprocesses: req.subprocesses,
-            stack_bytes,
             progress: req.progress,
         })
     }
@@ -267,10 +276,10 @@ mod tests {
     #[test]
     fn defaults() {
         let c = RecordConfig::new(req(), "x").unwrap();
-        assert_eq!(c.target, Target::All);
+        assert_eq!(c.session.target, Target::All);
         assert_eq!(c.outputs[0].1, Format::Flamegraph);
         assert_eq!(c.outputs.len(), 1);
-        assert_eq!(c.stack_bytes, 0);
+        assert_eq!(c.session.stack_bytes, 0);
         let c = RecordConfig::new(
             RecordRequest {
                 native: true,
@@ -279,7 +288,7 @@ mod tests {
             "x",
         )
         .unwrap();
-        assert_eq!(c.stack_bytes, DEFAULT_STACK_BYTES);
+        assert_eq!(c.session.stack_bytes, DEFAULT_STACK_BYTES);
         let c = RecordConfig::new(
             RecordRequest {
                 native: true,
@@ -289,7 +298,7 @@ mod tests {
             "x",
         )
         .unwrap();
-        assert_eq!(c.stack_bytes, 16 << 10);
+        assert_eq!(c.session.stack_bytes, 16 << 10);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::io::Write as _;
 use crate::config::RecordConfig;
 use crate::output::write_atomically;
 use crate::profile::Profile;
-use session::{Ended, Flow, Session, SessionConfig};
+use session::{Ended, Flow, Session};
 
 pub use summary::{PyProcLine, RecordSummary};
 
@@ -82,7 +82,7 @@ fn libc_time() -> libc::time_t {
 
 /// Runs `record` to completion and writes the output. `argv` is stored in the run metadata.
 pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordError> {
-    let mut session = Session::start(SessionConfig::of(cfg), argv)?;
+    let mut session = Session::start(cfg.session.clone(), argv)?;
     let mut progress = summary::Progress::new(cfg.progress);
     session.run(|profile, tick| {
         progress.tick(

@@ -13,7 +13,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use crate::collect::{CollectConfig, Collector, Event};
-use crate::config::{RecordConfig, Target};
+pub use crate::config::SessionConfig;
+use crate::config::Target;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
 
@@ -23,50 +24,6 @@ use super::{RecordError, drain, libc_time, pytrack, signals, spawn, stack};
 
 /// How often [`Session::run`] calls its tick callback.
 pub const TICK: Duration = Duration::from_millis(100);
-
-/// What a session samples: the part of `record`'s configuration that `top` shares.
-#[derive(Clone, Debug)]
-#[allow(
-    clippy::struct_excessive_bools,
-    reason = "independent switches of the run, each read by a different stage"
-)]
-pub struct SessionConfig {
-    /// What to profile.
-    pub target: Target,
-    /// How long to sample; `None` until stopped.
-    pub duration: Option<Duration>,
-    /// Samples per second per CPU.
-    pub rate_hz: u64,
-    /// Unwind native user stacks.
-    pub native: bool,
-    /// Add kernel frames.
-    pub kernel: bool,
-    /// Add a thread level under each process.
-    pub threads: bool,
-    /// Keep only samples of threads holding the GIL.
-    pub gil: bool,
-    /// Follow children of `-p` targets.
-    pub subprocesses: bool,
-    /// User-stack bytes copied per sample (0 without `native`).
-    pub stack_bytes: u32,
-}
-
-impl SessionConfig {
-    /// The session part of a `record` configuration.
-    pub fn of(cfg: &RecordConfig) -> Self {
-        SessionConfig {
-            target: cfg.target.clone(),
-            duration: cfg.duration,
-            rate_hz: cfg.rate_hz,
-            native: cfg.native,
-            kernel: cfg.kernel,
-            threads: cfg.threads,
-            gil: cfg.gil,
-            subprocesses: cfg.subprocesses,
-            stack_bytes: cfg.stack_bytes,
-        }
-    }
-}
 
 /// What the tick callback is told besides the profile.
 #[derive(Clone, Copy, Debug)]
