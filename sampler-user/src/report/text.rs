@@ -107,18 +107,12 @@ fn columns(cfg: &Config, table: &Table) -> Vec<Column> {
             true,
             table.rows.iter().map(|r| pct(r.children)).collect(),
         ));
-        columns.push(Column::new(
-            "Self",
-            true,
-            table.rows.iter().map(|r| pct(r.self_samples)).collect(),
-        ));
-    } else {
-        columns.push(Column::new(
-            "# Overhead",
-            true,
-            table.rows.iter().map(|r| pct(r.self_samples)).collect(),
-        ));
     }
+    columns.push(Column::new(
+        if cfg.children { "Self" } else { "# Overhead" },
+        true,
+        table.rows.iter().map(|r| pct(r.self_samples)).collect(),
+    ));
     columns.push(Column::new(
         "Samples",
         true,

@@ -166,25 +166,10 @@ pub struct Line {
     pub style: Style,
 }
 
-/// Terminal cells taken by `c`: 2 for East Asian wide characters and emoji, else 1.
+/// Terminal cells taken by `c` (unicode-width: 2 for East Asian wide characters and emoji);
+/// control characters, already replaced in names, count 1.
 fn char_width(c: char) -> usize {
-    let u = c as u32;
-    let wide = matches!(u,
-        0x1100..=0x115F
-        | 0x2E80..=0x303E
-        | 0x3041..=0x33FF
-        | 0x3400..=0x4DBF
-        | 0x4E00..=0x9FFF
-        | 0xA000..=0xA4CF
-        | 0xAC00..=0xD7A3
-        | 0xF900..=0xFAFF
-        | 0xFE30..=0xFE4F
-        | 0xFF00..=0xFF60
-        | 0xFFE0..=0xFFE6
-        | 0x1F300..=0x1F64F
-        | 0x1F900..=0x1F9FF
-        | 0x20000..=0x3FFFD);
-    if wide { 2 } else { 1 }
+    unicode_width::UnicodeWidthChar::width(c).unwrap_or(1)
 }
 
 /// Terminal cells taken by `s`.
