@@ -158,6 +158,26 @@ pub enum ConfigError {
     },
 }
 
+/// Every pid names a running process (`record -p`, `top -p`).
+pub fn check_pids(pids: &[u32]) -> Result<(), ConfigError> {
+    match pids
+        .iter()
+        .find(|&&pid| pid == 0 || !Path::new(&format!("/proc/{pid}")).exists())
+    {
+        Some(&pid) => Err(ConfigError::NoSuchPid { pid }),
+        None => Ok(()),
+    }
+}
+
+/// The sampling rate is 1 to 10 000 Hz per CPU (`record -r`, `top -r`).
+pub fn check_rate(rate: u64) -> Result<(), ConfigError> {
+    if (1..=10_000).contains(&rate) {
+        Ok(())
+    } else {
+        Err(ConfigError::BadRate { rate })
+    }
+}
+
 impl RecordConfig {
     /// Validates a request. `now` names the default output file (`pyebpf-<now>.<ext>`).
     pub fn new(mut req: RecordRequest, now: &str) -> Result<Self, ConfigError> {
@@ -172,15 +192,9 @@ impl RecordConfig {
             _ => return Err(ConfigError::ConflictingTargets),
         };
         if let Target::Pids(pids) = &target {
-            for &pid in pids {
-                if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
-                    return Err(ConfigError::NoSuchPid { pid });
-                }
-            }
+            check_pids(pids)?;
         }
-        if !(1..=10_000).contains(&req.rate_hz) {
-            return Err(ConfigError::BadRate { rate: req.rate_hz });
-        }
+        check_rate(req.rate_hz)?;
         let duration = match req.duration_s {
             Some(s) if !(s > 0.0 && s.is_finite()) => {
                 return Err(ConfigError::BadDuration { secs: s });

@@ -57,14 +57,8 @@ impl TopConfig {
     /// Checks what a user can get wrong before sampling: a pid that does not exist, a rate
     /// out of range.
     pub fn validate(&self) -> Result<(), TopError> {
-        for &pid in &self.pids {
-            if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                return Err(ConfigError::NoSuchPid { pid }.into());
-            }
-        }
-        if !(1..=10_000).contains(&self.rate_hz) {
-            return Err(ConfigError::BadRate { rate: self.rate_hz }.into());
-        }
+        crate::config::check_pids(&self.pids)?;
+        crate::config::check_rate(self.rate_hz)?;
         Ok(())
     }
 
