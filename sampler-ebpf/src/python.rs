@@ -22,10 +22,10 @@
 //! When no thread state matches, the GIL of the last interpreter walked (the main one, at the
 //! end of the list) is read, so that a free-threaded `enabled` is known for every sample.
 //!
-//! Constraints: every loop has a named constant budget and runs as `bpf_loop` (kernel ≥ 5.17):
-//! the verifier checks a callback body once instead of every iteration of an open loop —
-//! open loops of 256 frames and 256 threads cost ~100k verified instructions per call site,
-//! because every early exit re-verified the rest of the program. Each frame costs one
+//! Constraints: every loop has a named constant budget; its body is a `bpf_loop`-style
+//! callback, driven by the program variant (`variant.rs`): as `bpf_loop` (kernel ≥ 5.17), where
+//! the verifier checks a callback body once, or as a bounded loop on older kernels, where it
+//! walks every iteration (the walk state below is what keeps that affordable). Each frame costs one
 //! `bpf_probe_read_user` of its header into a per-CPU scratch buffer, from which the fields are
 //! picked at the runtime offsets through masked indices (bounds the verifier can see, checked
 //! against `PyProcInfo::frame_offsets_fit` once per sample). Every failure sets a flag in the
@@ -47,7 +47,10 @@ use sampler_common::{
     PyFrameRecord, PyProcInfo, py_flags,
 };
 
-use crate::maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n};
+use crate::{
+    maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n},
+    variant::Variant,
+};
 
 /// Frame budget per sample (named here for the loop; the wire type sizes the record with it).
 const FRAME_BUDGET: usize = PY_MAX_FRAMES;
@@ -121,7 +124,7 @@ struct Header {
 /// # Safety
 /// `out` must point to a writable `PyCapture` (inside a reserved ring-buffer record).
 #[inline(always)]
-pub unsafe fn capture(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
+pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
     count(Counter::PySamples);
     let mut h = Header {
         tstate: 0,
@@ -132,7 +135,7 @@ pub unsafe fn capture(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
         flags: 0,
     };
     // SAFETY: forwarded from the caller.
-    if let Err(stop) = unsafe { try_capture(info, host_tid, out, &mut h) } {
+    if let Err(stop) = unsafe { try_capture::<V>(info, host_tid, out, &mut h) } {
         stop.record(&mut h);
     }
     // Added, not branched on: a branch would make the verifier keep every combination of
@@ -161,7 +164,7 @@ fn count_flag(counter: Counter, flags: u32, flag: u32) {
 
 /// Thread state, GIL and frames; `Err` says why the chain was not walked to its end.
 #[inline(always)]
-unsafe fn try_capture(
+unsafe fn try_capture<V: Variant>(
     info: &PyProcInfo,
     host_tid: u32,
     out: *mut PyCapture,
@@ -177,7 +180,7 @@ unsafe fn try_capture(
         top: 0,
         interp: head,
     };
-    let result = find_tstate(info, host_tid, ns_tid, &mut found, h);
+    let result = find_tstate::<V>(info, host_tid, ns_tid, &mut found, h);
     // The GIL of the thread state's own interpreter; without one, of the last one walked.
     let gil_interp = if result.is_ok() {
         read_u64(found.tstate, info.tstate_interp)
@@ -192,7 +195,7 @@ unsafe fn try_capture(
     h.tstate = found.tstate;
     h.flags |= py_flags::CAPTURED;
     // SAFETY: forwarded from the caller.
-    unsafe { walk_frames(info, found.top, out, h) }
+    unsafe { walk_frames::<V>(info, found.top, out, h) }
 }
 
 /// The sampled thread's id in the target's pid namespace (`native_thread_id` holds that one).
@@ -264,7 +267,7 @@ struct Found {
 /// the cache if the entry still matches, else by walking every interpreter's thread list from
 /// `found.interp` (a match with a frame wins and is cached; else a frameless one).
 #[inline(always)]
-fn find_tstate(
+fn find_tstate<V: Variant>(
     info: &PyProcInfo,
     host_tid: u32,
     ns_tid: u64,
@@ -306,16 +309,8 @@ fn find_tstate(
     };
     // The callback context (on the stack, as `bpf_loop` wants): the map value's address.
     let mut ctx: *mut ThreadWalk = walk;
-    // SAFETY: the callback is a static function taking a pointer to a `*mut ThreadWalk`,
-    // which `ctx` is.
-    unsafe {
-        generated::bpf_loop(
-            THREAD_BUDGET,
-            thread_step as *mut c_void,
-            (&raw mut ctx).cast(),
-            0,
-        );
-    }
+    // The callback takes a pointer to a `*mut ThreadWalk`, which `ctx` is.
+    V::run::<THREAD_BUDGET>(thread_step, (&raw mut ctx).cast());
     found.interp = walk.interp;
     match walk.status {
         FOUND => {
@@ -441,7 +436,7 @@ fn top_frame(tstate: u64, frame_off: u32, cframe_off: u32) -> Result<u64, Stop> 
 /// Record up to [`FRAME_BUDGET`] frames from `top` outward into `out.frames`; marks
 /// `TRUNCATED` when the chain goes on. `h.nframes` counts the frames written, also on error.
 #[inline(always)]
-unsafe fn walk_frames(
+unsafe fn walk_frames<V: Variant>(
     info: &PyProcInfo,
     top: u64,
     out: *mut PyCapture,
@@ -464,15 +459,8 @@ unsafe fn walk_frames(
         tlbc: info.frame_tlbc_index,
         _pad: 0,
     };
-    // SAFETY: the callback is a static function taking a `FrameWalk`, which `walk` is.
-    unsafe {
-        generated::bpf_loop(
-            FRAME_BUDGET as u32,
-            frame_step as *mut c_void,
-            (&raw mut walk).cast(),
-            0,
-        );
-    }
+    // The callback takes a `FrameWalk`, which `walk` is.
+    V::run::<{ FRAME_BUDGET as u32 }>(frame_step, (&raw mut walk).cast());
     h.nframes = walk.nframes;
     if walk.read_error != 0 {
         return Err(Stop::Read);

@@ -48,6 +48,11 @@ pub const TESTS: &[&str] = &[
     "libexpat1-dev",
     // `go tool pprof`, the real consumer of `-f pprof` in the e2e tests.
     "golang-go",
+    // The kernel matrix (`vm-test`): qemu, the guest's static busybox, `dpkg-deb` for the
+    // kernel packages (dpkg) and `xz` for their compressed modules (xz-utils, above).
+    "qemu-system-x86",
+    "busybox-static",
+    "dpkg",
 ];
 
 /// Packages among `want` that are not in state "ii".

@@ -3,7 +3,9 @@
 //! - `setup [--interpreters] [--no-apt]`: prerequisites, idempotently (`setup.rs`).
 //! - `install [--prefix DIR]`: release build to `DIR/bin/pyebpf` (`install.rs`).
 //! - `run-quickstart [ARGS...]`: setup, install, `pyebpf record --all -d 30 ARGS...`.
-//! - `test [FILTER...]`: setup with interpreters, build, all tests as root (`test.rs`).
+//! - `test [FILTER...]`: setup with interpreters, build, all tests as root, then the kernel
+//!   matrix (`test.rs`).
+//! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
@@ -15,6 +17,7 @@ mod rust;
 mod setup;
 mod sh;
 mod test;
+mod vm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -67,7 +70,18 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
-    /// Setup (incl. interpreters), build, then unit and end-to-end tests as root.
+    /// Setup (incl. interpreters and kernels), build, then the tests in the kernel matrix (qemu)
+    /// on Debian's 5.10, 6.1, 6.12 and the host's kernel, as root.
+    VmTest {
+        /// 5.10, 6.1, 6.12, host or all (repeatable, or comma-separated).
+        #[arg(long, default_value = "all")]
+        kernel: Vec<String>,
+        /// kvm or tcg (default: KVM if a guest really boots on it, else TCG).
+        #[arg(long)]
+        accel: Option<String>,
+    },
+    /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
+    /// kernel matrix (`vm-test --kernel all`).
     Test {
         #[arg(long)]
         no_apt: bool,
@@ -103,17 +117,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if setup::in_ci() && !ready.missing_interpreters.is_empty() {
                 anyhow::bail!("CI=true: test interpreters missing (above)");
             }
+            if setup::in_ci() && !ready.missing_kernels.is_empty() {
+                anyhow::bail!("CI=true: kernels of the matrix missing (above)");
+            }
             Ok(())
         }
         Cmd::Install { prefix } => {
             let ready = setup::Ready {
                 ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
                 missing_interpreters: Vec::new(),
+                missing_kernels: Vec::new(),
             };
             install::install(&ready, &prefix).map(drop)
         }
         Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
         Cmd::Test { no_apt, args } => test::run(no_apt, &args),
+        Cmd::VmTest { kernel, accel } => {
+            let accel = match accel.as_deref() {
+                None => None,
+                Some("kvm") => Some(vm::Accel::Kvm),
+                Some("tcg") => Some(vm::Accel::Tcg),
+                Some(other) => anyhow::bail!("--accel {other}: use kvm or tcg"),
+            };
+            vm::run(&vm::parse_kernels(&kernel)?, accel)
+        }
         Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
     }
 }

@@ -1,0 +1,336 @@
+//! `cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix. Each Debian
+//! kernel (`kernels.rs`) boots in qemu (`qemu.rs`) on the host's root file system, shared
+//! read-only, with an initramfs of our own (`initramfs.rs`), and runs the plan of `guest.rs`;
+//! `host` runs the same plan on the running kernel without a VM. Prints one line per kernel:
+//! pass/fail, tests, accelerator, the sampling program's variant, its verified instructions
+//! and run time per sample, and how long it took; also written to `target/vm-test/summary.txt`.
+//!
+//! Kernels run one after another, each guest with both CPUs: two TCG guests at once would each
+//! get half the machine and take as long in total. `cargo xtask test` runs the whole matrix.
+mod guest;
+mod initramfs;
+mod kernels;
+mod qemu;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::interpreters::Cache;
+use crate::setup::{self, Ready};
+use crate::sh::{self, say};
+
+pub use qemu::Accel;
+
+/// The longest one guest may run before it is killed (a hung test; TCG runs take ~5 min).
+const GUEST_TIMEOUT: Duration = Duration::from_mins(25);
+/// Guest memory: the interpreters, `pyebpf` and the test binaries (read over 9p, page cache).
+const GUEST_MEMORY_MIB: u32 = 4096;
+
+/// Which kernels: `5.10`, `6.1`, `6.12`, `host`; `all` is every one.
+pub fn parse_kernels(args: &[String]) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for a in args.iter().flat_map(|a| a.split(',')) {
+        let names: Vec<String> = if a == "all" {
+            kernels::SERIES
+                .iter()
+                .map(|s| s.name.to_string())
+                .chain(["host".to_string()])
+                .collect()
+        } else if a == "host" || kernels::SERIES.iter().any(|s| s.name == a) {
+            vec![a.to_string()]
+        } else {
+            bail!("unknown kernel '{a}': use 5.10, 6.1, 6.12, host or all");
+        };
+        for n in names {
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+    }
+    if out.is_empty() {
+        return parse_kernels(&["all".to_string()]);
+    }
+    Ok(out)
+}
+
+/// `cargo xtask vm-test`: setup, build, then the matrix.
+pub fn run(kernels: &[String], accel: Option<Accel>) -> Result<()> {
+    if !sh::is_root() {
+        sh::reexec_as_root("`cargo xtask vm-test`")?;
+    }
+    let ready = setup::run(&setup::Options {
+        interpreters: true,
+        no_apt: false,
+    })?;
+    let bins = build(&ready)?;
+    let rows = matrix(&bins, kernels, accel)?;
+    if rows.iter().any(|r| !r.passed) {
+        bail!("kernel matrix FAILED (logs under {})", out_root()?.display());
+    }
+    Ok(())
+}
+
+/// Where the runs write: `target/vm-test/<kernel>/`.
+fn out_root() -> Result<PathBuf> {
+    Ok(sh::target_dir()?.join("vm-test"))
+}
+
+/// Builds `pyebpf` and the two test binaries the plan runs; their paths.
+pub fn build(ready: &Ready) -> Result<guest::Binaries> {
+    let target = sh::target_dir()?;
+    let mut cmd = sh::cargo();
+    cmd.args(["build", "-p", "sampler-user", "--bin", "pyebpf"]);
+    ready.apply(&mut cmd);
+    sh::run(&mut cmd)?;
+    let mut cmd = sh::cargo();
+    cmd.args([
+        "test",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+        "-p",
+        "sampler-user",
+        "--lib",
+        "-p",
+        "integration-tests",
+        "--test",
+        "e2e",
+    ]);
+    ready.apply(&mut cmd);
+    println!("+ {}", sh::show(&cmd));
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the test binaries failed (above)");
+    }
+    let (mut unit, mut e2e) = (None, None);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let kinds = msg["target"]["kind"].to_string();
+        match msg["target"]["name"].as_str() {
+            Some("e2e") => e2e = Some(PathBuf::from(exe)),
+            Some(_) if kinds.contains("lib") && msg["package_id"].to_string().contains("sampler-user") => {
+                unit = Some(PathBuf::from(exe));
+            }
+            _ => {}
+        }
+    }
+    let cache = Cache::from_env();
+    let python312 = python_of(&cache, "3.12")?;
+    Ok(guest::Binaries {
+        pyebpf: target.join("debug/pyebpf"),
+        unit: unit.context("no unit-test binary of sampler-user in cargo's output")?,
+        e2e: e2e.context("no e2e test binary in cargo's output")?,
+        cache: cache.0,
+        python312,
+    })
+}
+
+/// The interpreter path of `name` from the manifest (must run without a chroot).
+fn python_of(cache: &Cache, name: &str) -> Result<String> {
+    let text = std::fs::read_to_string(cache.manifest())
+        .with_context(|| format!("{} (run setup --interpreters)", cache.manifest().display()))?;
+    let list: serde_json::Value = serde_json::from_str(&text)?;
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name && e["root"].is_null())
+        .and_then(|e| e["python"].as_str())
+        .map(str::to_owned)
+        .with_context(|| format!("interpreter {name} not in {}", cache.manifest().display()))
+}
+
+/// One kernel's result.
+pub struct Row {
+    pub passed: bool,
+    pub line: String,
+}
+
+/// Runs the plan on each of `names` in turn; prints and returns one row per kernel.
+pub fn matrix(bins: &guest::Binaries, names: &[String], accel: Option<Accel>) -> Result<Vec<Row>> {
+    let root = out_root()?;
+    std::fs::create_dir_all(&root)?;
+    let cache = Cache::from_env();
+    let mut accel = accel;
+    let mut rows = Vec::new();
+    for name in names {
+        let started = Instant::now();
+        let out = root.join(name);
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out)?;
+        let result = if name == "host" {
+            run_host(bins, &out)
+        } else {
+            run_guest(bins, &cache, name, &out, &mut accel)
+        };
+        let row = match result {
+            Ok(what) => row(name, &what, &out, started.elapsed()),
+            Err(e) => Row {
+                passed: false,
+                line: format!("{name:<5} FAIL  {e:#}"),
+            },
+        };
+        say("vm-test", &row.line);
+        rows.push(row);
+    }
+    let mut summary = String::new();
+    for r in &rows {
+        let _ = writeln!(summary, "{}", r.line);
+    }
+    std::fs::write(root.join("summary.txt"), &summary)?;
+    say("vm-test", "kernel matrix:");
+    for r in &rows {
+        say("vm-test", format!("  {}", r.line));
+    }
+    Ok(rows)
+}
+
+/// What ran where: the kernel's name and how it was run.
+struct Ran {
+    kernel: String,
+    how: String,
+}
+
+fn run_host(bins: &guest::Binaries, out: &Path) -> Result<Ran> {
+    let script = out.join("guest.sh");
+    std::fs::write(&script, guest::script(bins, out, setup::in_ci()))?;
+    let status = sh::status(sh::clean("bash").arg(&script))?;
+    std::fs::write(out.join("guest.rc"), format!("{}\n", status.code().unwrap_or(-1)))?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    Ok(Ran {
+        kernel: release.trim().to_owned(),
+        how: "host, no VM".into(),
+    })
+}
+
+fn run_guest(
+    bins: &guest::Binaries,
+    cache: &Cache,
+    series: &str,
+    out: &Path,
+    accel: &mut Option<Accel>,
+) -> Result<Ran> {
+    let spec = kernels::SERIES
+        .iter()
+        .find(|s| s.name == series)
+        .context("unknown series")?;
+    let kernel = kernels::ensure(cache, spec)?;
+    let initramfs = out.join("initramfs.cpio");
+    std::fs::write(&initramfs, initramfs::build(&kernel.modules())?)?;
+    let accel = *accel.get_or_insert_with(|| {
+        if qemu::kvm_works(&kernel.vmlinuz(), &initramfs, &out.join("kvm-probe")) {
+            Accel::Kvm
+        } else {
+            Accel::Tcg
+        }
+    });
+    std::fs::write(out.join("guest.sh"), guest::script(bins, out, setup::in_ci()))?;
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get().min(2)) as u32;
+    let guest = qemu::Guest {
+        vmlinuz: &kernel.vmlinuz(),
+        initramfs: &initramfs,
+        out,
+        tmpfs: &guest::writable_dirs(&bins.cache),
+        cpus,
+        memory_mib: GUEST_MEMORY_MIB,
+    };
+    say(
+        "vm-test",
+        format!(
+            "{series}: booting {} ({} {}) on {}, {cpus} CPUs; console: {}",
+            kernel.release,
+            kernel.package,
+            kernel.version,
+            accel.name(),
+            out.join("console.log").display()
+        ),
+    );
+    if !guest.run(accel, GUEST_TIMEOUT)? {
+        bail!("{series}: the guest did not finish within {GUEST_TIMEOUT:?}");
+    }
+    Ok(Ran {
+        kernel: kernel.release.clone(),
+        how: format!("{} {}, {}", kernel.package, kernel.version, accel.name()),
+    })
+}
+
+/// The row of a finished run.
+fn row(name: &str, ran: &Ran, out: &Path, took: Duration) -> Row {
+    let outcome = guest::Outcome::read(out);
+    let rc = std::fs::read_to_string(out.join("guest.rc")).unwrap_or_default();
+    let plan_len = 4;
+    let passed = rc.trim() == "0" && outcome.passed_all(plan_len);
+    let (variant, verified, ns) = outcome.program();
+    let per_variant: Vec<String> = outcome
+        .verified_by_variant()
+        .iter()
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect();
+    let failed_steps: Vec<&str> = outcome
+        .steps
+        .iter()
+        .filter(|(_, rc, _)| *rc != 0)
+        .map(|(n, _, _)| n.as_str())
+        .collect();
+    let mut line = format!(
+        "{name:<5} {} {}: {} tests passed, {} failed; variant {variant}, {verified} instructions \
+         verified, {ns} ns per sample; loads: {}; {:.0} s ({})",
+        if passed { "PASS" } else { "FAIL" },
+        ran.kernel,
+        outcome.passed,
+        outcome.failed,
+        if per_variant.is_empty() {
+            "none".to_string()
+        } else {
+            per_variant.join(", ")
+        },
+        took.as_secs_f64(),
+        ran.how,
+    );
+    if !failed_steps.is_empty() {
+        let _ = write!(line, "; failed steps: {}", failed_steps.join(", "));
+    }
+    if !passed {
+        let _ = write!(line, "; logs: {}", out.display());
+    }
+    Row { passed, line }
+}
+
+/// Fetches every kernel of the matrix into the cache (setup's step); the ones that could not
+/// be fetched, with the reason.
+pub fn fetch_kernels(cache: &Cache) -> Vec<String> {
+    kernels::SERIES
+        .iter()
+        .filter_map(|s| {
+            kernels::ensure(cache, s)
+                .err()
+                .map(|e| format!("kernel {}: {e:#}", s.name))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_lists() {
+        let all = parse_kernels(&["all".into()]).unwrap();
+        assert_eq!(all, ["5.10", "6.1", "6.12", "host"]);
+        assert_eq!(parse_kernels(&[]).unwrap(), all);
+        assert_eq!(
+            parse_kernels(&["6.1,5.10".into(), "6.1".into()]).unwrap(),
+            ["6.1", "5.10"]
+        );
+        assert!(parse_kernels(&["5.15".into()]).is_err());
+    }
+}
