@@ -53,13 +53,13 @@ use crate::{
 };
 
 /// Frame budget per sample (named here for the loop; the wire type sizes the record with it).
-const FRAME_BUDGET: usize = PY_MAX_FRAMES;
+pub const FRAME_BUDGET: usize = PY_MAX_FRAMES;
 /// Steps of the thread-state walk on a cache miss (thread states visited plus interpreter
 /// hops) before giving up.
-const THREAD_BUDGET: u32 = PY_MAX_THREADS_WALKED;
+pub const THREAD_BUDGET: u32 = PY_MAX_THREADS_WALKED;
 /// `bpf_loop` callback results.
 const LOOP_CONTINUE: i64 = 0;
-const LOOP_STOP: i64 = 1;
+pub const LOOP_STOP: i64 = 1;
 /// `gil_locked` / `gil_enabled` when unknown or not applicable; `gil_holder` is then 0.
 const GIL_UNKNOWN: i32 = -1;
 /// Index masks into the scratch buffer for 8-, 4- and 1-byte fields.
@@ -307,10 +307,7 @@ fn find_tstate<V: Variant>(
         status: WALKING,
         _pad: 0,
     };
-    // The callback context (on the stack, as `bpf_loop` wants): the map value's address.
-    let mut ctx: *mut ThreadWalk = walk;
-    // The callback takes a pointer to a `*mut ThreadWalk`, which `ctx` is.
-    V::run::<THREAD_BUDGET>(thread_step, (&raw mut ctx).cast());
+    V::walk_threads(walk);
     found.interp = walk.interp;
     match walk.status {
         FOUND => {
@@ -375,7 +372,7 @@ pub struct ThreadWalk {
 /// One step: a thread state (stop on a match with a frame), or at the end of an interpreter's
 /// list the hop to the next interpreter's first thread state (stop after the last one).
 #[inline(never)]
-extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
+pub extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes the pointer to the `PY_WALK` value given to it in
     // `find_tstate`.
     let walk = unsafe { &mut **ctx.cast::<*mut ThreadWalk>() };
@@ -459,8 +456,7 @@ unsafe fn walk_frames<V: Variant>(
         tlbc: info.frame_tlbc_index,
         _pad: 0,
     };
-    // The callback takes a `FrameWalk`, which `walk` is.
-    V::run::<{ FRAME_BUDGET as u32 }>(frame_step, (&raw mut walk).cast());
+    V::walk_frames(&mut walk);
     h.nframes = walk.nframes;
     if walk.read_error != 0 {
         return Err(Stop::Read);
@@ -473,16 +469,17 @@ unsafe fn walk_frames<V: Variant>(
 
 /// State of the frame walk, shared with its `bpf_loop` callback.
 #[repr(C)]
-struct FrameWalk {
+#[derive(Clone, Copy)]
+pub struct FrameWalk {
     /// `PyCapture::frames` in the reserved record.
-    frames: *mut PyFrameRecord,
+    pub frames: *mut PyFrameRecord,
     /// This CPU's `PY_SCRATCH` value.
-    scratch: *mut u64,
+    pub scratch: *mut u64,
     /// The frame to read next (0: end of the chain).
-    frame: u64,
+    pub frame: u64,
     /// Frames written.
-    nframes: u32,
-    read_error: u32,
+    pub nframes: u32,
+    pub read_error: u32,
     /// Frame field offsets (`PyProcInfo::frame_*`).
     exec: u32,
     ip: u32,
@@ -492,9 +489,26 @@ struct FrameWalk {
     _pad: u32,
 }
 
+// SAFETY: the map value of this type (`PY_FRAME_WALK`) is per-CPU and used by one program at a
+// time on a CPU; its pointer fields are null there.
+unsafe impl Sync for FrameWalk {}
+
+impl FrameWalk {
+    /// This walk with null pointers, to be kept in map memory (where the verifier would not
+    /// know them as pointers anyway).
+    #[inline(always)]
+    pub fn without_pointers(&self) -> FrameWalk {
+        FrameWalk {
+            frames: core::ptr::null_mut(),
+            scratch: core::ptr::null_mut(),
+            ..*self
+        }
+    }
+}
+
 /// One frame: read its header, record it at `index`, move to `previous`.
 #[inline(never)]
-extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
+pub extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes the `FrameWalk` given to it in `walk_frames`.
     let walk = unsafe { &mut *ctx.cast::<FrameWalk>() };
     // The index bound is for the verifier (`bpf_loop` never passes more than FRAME_BUDGET).

@@ -33,7 +33,7 @@ pub struct Binaries {
 /// One step of the plan.
 pub struct Step {
     pub name: &'static str,
-    /// Shell words (already quoted where needed).
+    /// A bash command line (quoted where needed; run with `eval`).
     pub command: String,
 }
 
@@ -116,7 +116,7 @@ pub fn script(bins: &Binaries, out: &Path, ci: bool) -> String {
     );
     s.push_str(STEP_FUNCTIONS);
     for step in plan(bins) {
-        let _ = writeln!(s, "step {} {}", step.name, step.command);
+        let _ = writeln!(s, "step {} {}", step.name, shell_quote(&step.command));
     }
     s.push_str("exit $failed\n");
     s
@@ -296,9 +296,10 @@ mod tests {
             "CI=true",
             "PYEBPF_BIN=/w/target/debug/pyebpf",
             "PYEBPF_TEST_MANIFEST=/var/cache/pyebpf-test/interpreters.json",
-            "step unit /w/target/debug/deps/pyebpf-abc --test-threads=1 --nocapture collect::root_tests::",
-            "step e2e /w/target/debug/deps/e2e-def --test-threads=1 --exact pyrecord::stacks::deep_stack_3_12",
-            "step stats /root/.pyenv/versions/3.12.1/bin/python3.12",
+            "step unit '/w/target/debug/deps/pyebpf-abc --test-threads=1 --nocapture collect::root_tests::",
+            "step e2e '/w/target/debug/deps/e2e-def --test-threads=1 --exact pyrecord::stacks::deep_stack_3_12",
+            "step stats 'stats /root/.pyenv/versions/3.12.1/bin/python3.12'",
+            "step kernel 'uname -r && ls -l /sys/kernel/btf/vmlinux'",
         ] {
             assert!(s.contains(want), "{want} missing from:\n{s}");
         }
