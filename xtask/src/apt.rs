@@ -121,7 +121,7 @@ fn no_llvm_message() -> String {
         "{LLVM_DEV} is not installable from this machine's apt sources. On Debian 12 it comes \
          from bookworm-security (1:22.1.x-1~deb12u1): make sure a `deb http://deb.debian.org/debian-security \
          bookworm-security main` source (or the deb822 equivalent in /etc/apt/sources.list.d/debian.sources) \
-         is configured. On Ubuntu add apt.llvm.org (see vagrant/). Or install LLVM 22 yourself and \
+         is configured. On Ubuntu add apt.llvm.org (`llvm-toolchain-<codename>-22`). Or install LLVM 22 yourself and \
          re-run with --no-apt."
     )
 }

@@ -104,15 +104,15 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
         );
     } else if t
         .phase("kernel matrix (vm-test)", || {
-        let bins = crate::vm::build(&ready)?;
-        let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
-        let rows = crate::vm::matrix(&bins, &kernels, None)?;
-        if rows.iter().all(|r| r.passed) {
-            Ok(())
-        } else {
-            bail!("failed")
-        }
-    })
+            let bins = crate::vm::build(&ready)?;
+            let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
+            let rows = crate::vm::matrix(&bins, &kernels, None)?;
+            if rows.iter().all(|r| r.passed) {
+                Ok(())
+            } else {
+                bail!("failed")
+            }
+        })
         .is_err()
     {
         failed.push("kernel matrix");

@@ -151,8 +151,7 @@ stats() {
 /// Single-quoted for bash.
 pub fn shell_quote(s: &str) -> String {
     if !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,".contains(c))
     {
         return s.to_owned();
@@ -318,7 +317,11 @@ mod tests {
     fn reads_a_finished_run() {
         let dir = std::env::temp_dir().join(format!("xtask-outcome-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("steps.tsv"), "kernel\t0\t1\nunit\t0\t80\ne2e\t1\t200\nstats\t0\t9\n").unwrap();
+        std::fs::write(
+            dir.join("steps.tsv"),
+            "kernel\t0\t1\nunit\t0\t80\ne2e\t1\t200\nstats\t0\t9\n",
+        )
+        .unwrap();
         std::fs::write(
             dir.join("unit.log"),
             "variant-load: bpf_loop unsupported: this kernel cannot run …\n\
@@ -342,10 +345,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!((o.passed, o.failed), (20, 1));
         assert!(!o.passed_all(4));
-        assert_eq!(
-            o.program(),
-            ("bounded".into(), "n/a".into(), "2100".into())
-        );
+        assert_eq!(o.program(), ("bounded".into(), "n/a".into(), "2100".into()));
         assert_eq!(
             o.verified_by_variant(),
             [

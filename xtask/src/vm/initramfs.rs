@@ -24,12 +24,12 @@ const INIT: &str = include_str!("../../scripts/vm-init.sh");
 /// The initramfs for the kernel whose decompressed modules and `order` file are in `modules`.
 pub fn build(modules: &Path) -> Result<Vec<u8>> {
     let busybox = std::fs::read(BUSYBOX).with_context(|| {
-        format!("{BUSYBOX} (Debian's busybox-static; `cargo xtask setup --interpreters` installs it)")
+        format!(
+            "{BUSYBOX} (Debian's busybox-static; `cargo xtask setup --interpreters` installs it)"
+        )
     })?;
     let mut cpio = Cpio::default();
-    for dir in [
-        "bin", "dev", "proc", "sys", "newroot", "modules", "tmp",
-    ] {
+    for dir in ["bin", "dev", "proc", "sys", "newroot", "modules", "tmp"] {
         cpio.dir(dir);
     }
     cpio.char_device("dev/console", 5, 1);
@@ -275,7 +275,10 @@ mod tests {
             .arg(dir.join("m.ko"))
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "gcc (build-essential, installed by setup) could not build the fixture");
+        assert!(
+            ok,
+            "gcc (build-essential, installed by setup) could not build the fixture"
+        );
         let elf = std::fs::read(dir.join("m.ko")).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(depends(&elf).unwrap(), ["9pnet", "virtio_ring"]);

@@ -8,6 +8,7 @@
 //! `$CACHE/work/kernel-apt` (the same method as `xtask/scripts/build-pythons.sh`). A kernel
 //! whose `kernel.json` exists is not fetched again; `rm -rf $CACHE/kernels/<series>` refreshes
 //! it.
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
@@ -153,7 +154,7 @@ impl PrivateApt {
             (&main, "bookworm-updates"),
             (&security, "bookworm-security"),
         ] {
-            sources.push_str(&format!("deb [signed-by={keyring}] {uri} {suite} main\n"));
+            let _ = writeln!(sources, "deb [signed-by={keyring}] {uri} {suite} main");
         }
         let list = dir.join("etc/sources.list");
         let changed = std::fs::read_to_string(&list).ok().as_deref() != Some(&sources);
@@ -355,7 +356,7 @@ mod tests {
 
     #[test]
     fn natural_order_compares_numbers() {
-        let mut v = vec![
+        let mut v = [
             "linux-image-5.10.0-46-amd64-unsigned",
             "linux-image-5.10.0-9-amd64-unsigned",
             "linux-image-5.10.0-45-amd64-unsigned",

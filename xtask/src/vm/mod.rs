@@ -68,7 +68,10 @@ pub fn run(kernels: &[String], accel: Option<Accel>) -> Result<()> {
     let bins = build(&ready)?;
     let rows = matrix(&bins, kernels, accel)?;
     if rows.iter().any(|r| !r.passed) {
-        bail!("kernel matrix FAILED (logs under {})", out_root()?.display());
+        bail!(
+            "kernel matrix FAILED (logs under {})",
+            out_root()?.display()
+        );
     }
     Ok(())
 }
@@ -118,7 +121,10 @@ pub fn build(ready: &Ready) -> Result<guest::Binaries> {
         let kinds = msg["target"]["kind"].to_string();
         match msg["target"]["name"].as_str() {
             Some("e2e") => e2e = Some(PathBuf::from(exe)),
-            Some(_) if kinds.contains("lib") && msg["package_id"].to_string().contains("sampler-user") => {
+            Some(_)
+                if kinds.contains("lib")
+                    && msg["package_id"].to_string().contains("sampler-user") =>
+            {
                 unit = Some(PathBuf::from(exe));
             }
             _ => {}
@@ -204,7 +210,10 @@ fn run_host(bins: &guest::Binaries, out: &Path) -> Result<Ran> {
     let script = out.join("guest.sh");
     std::fs::write(&script, guest::script(bins, out, setup::in_ci()))?;
     let status = sh::status(sh::clean("bash").arg(&script))?;
-    std::fs::write(out.join("guest.rc"), format!("{}\n", status.code().unwrap_or(-1)))?;
+    std::fs::write(
+        out.join("guest.rc"),
+        format!("{}\n", status.code().unwrap_or(-1)),
+    )?;
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
     Ok(Ran {
         kernel: release.trim().to_owned(),
@@ -233,7 +242,10 @@ fn run_guest(
             Accel::Tcg
         }
     });
-    std::fs::write(out.join("guest.sh"), guest::script(bins, out, setup::in_ci()))?;
+    std::fs::write(
+        out.join("guest.sh"),
+        guest::script(bins, out, setup::in_ci()),
+    )?;
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get().min(2)) as u32;
     let guest = qemu::Guest {
         vmlinuz: &kernel.vmlinuz(),

@@ -8,6 +8,7 @@
 //!
 //! The guest gets the host's root read-only over virtio-9p (tag `hostroot`) and the run's
 //! output directory read-write (tag `out`); its console goes to `console.log` there.
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -62,13 +63,20 @@ impl Guest<'_> {
             self.out.display()
         );
         if !tmpfs.is_empty() {
-            append.push_str(&format!(" pyebpf.tmpfs={}", tmpfs.join(",")));
+            let _ = write!(append, " pyebpf.tmpfs={}", tmpfs.join(","));
         }
         let mut cmd = sh::clean("qemu-system-x86_64");
         cmd.args(accel.args())
             .args(["-smp", &self.cpus.to_string()])
             .args(["-m", &self.memory_mib.to_string()])
-            .args(["-nodefaults", "-no-reboot", "-display", "none", "-nic", "none"])
+            .args([
+                "-nodefaults",
+                "-no-reboot",
+                "-display",
+                "none",
+                "-nic",
+                "none",
+            ])
             .arg("-serial")
             .arg(format!("file:{}", console.display()))
             .arg("-kernel")
@@ -105,8 +113,8 @@ impl Guest<'_> {
         loop {
             if let Some(status) = child.try_wait()? {
                 if !status.success() {
-                    let err = std::fs::read_to_string(self.out.join("qemu.stderr"))
-                        .unwrap_or_default();
+                    let err =
+                        std::fs::read_to_string(self.out.join("qemu.stderr")).unwrap_or_default();
                     bail!("qemu exited with {status}: {}", err.trim());
                 }
                 return Ok(true);
