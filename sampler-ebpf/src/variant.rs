@@ -31,7 +31,9 @@ use sampler_common::PyFrameRecord;
 
 use crate::{
     maps::{PY_FRAME_WALK, PY_FRAMES, PY_SCRATCH, PY_WALK, config},
-    python::{FRAME_BUDGET, FrameWalk, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step},
+    python::{
+        FRAME_BUDGET, FrameWalk, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step,
+    },
 };
 
 /// What a variant differs in.
@@ -157,8 +159,8 @@ impl Variant for Bounded {
         // which tolerates any address.
         unsafe {
             let task = generated::bpf_get_current_task();
-            let stack = bpf_probe_read_kernel((task + u64::from(offset)) as *const u64)
-                .map_err(|_| ())?;
+            let stack =
+                bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?;
             let regs = stack + THREAD_SIZE - size_of::<pt_regs>() as u64;
             bpf_probe_read_kernel(regs as *const pt_regs).map_err(|_| ())
         }

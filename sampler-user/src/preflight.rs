@@ -254,7 +254,6 @@ mod tests {
             euid: 1000,
             status: NO_CAPS.into(),
             release: "4.4".into(),
-            ..facts()
         })
         .unwrap_err();
         assert!(matches!(err, PreflightError::NotPrivileged { .. }));

@@ -36,7 +36,9 @@ pub fn struct_member_offset(data: &[u8], name: &str, member: &str) -> Option<u32
     let hdr_len = u32_at(data, 4)? as usize;
     let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
     let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
-    let types = data.get(hdr_len.checked_add(type_off)?..)?.get(..type_len)?;
+    let types = data
+        .get(hdr_len.checked_add(type_off)?..)?
+        .get(..type_len)?;
     let strings = data.get(hdr_len.checked_add(str_off)?..)?.get(..str_len)?;
     let string = |off: u32| -> Option<&[u8]> {
         let s = strings.get(off as usize..)?;
@@ -148,13 +150,22 @@ mod tests {
             // name survived.
             let _ = struct_member_offset(&good[..len], "task_struct", "stack");
         }
-        assert_eq!(struct_member_offset(&good[..60], "task_struct", "stack"), None);
+        assert_eq!(
+            struct_member_offset(&good[..60], "task_struct", "stack"),
+            None
+        );
         let mut bad_magic = good.clone();
         bad_magic[0] = 0;
-        assert_eq!(struct_member_offset(&bad_magic, "task_struct", "stack"), None);
+        assert_eq!(
+            struct_member_offset(&bad_magic, "task_struct", "stack"),
+            None
+        );
         let mut huge_len = good.clone();
         huge_len[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(struct_member_offset(&huge_len, "task_struct", "stack"), None);
+        assert_eq!(
+            struct_member_offset(&huge_len, "task_struct", "stack"),
+            None
+        );
         let mut unknown_kind = good;
         unknown_kind[24 + 4..24 + 8].copy_from_slice(&(31u32 << 24).to_le_bytes());
         assert_eq!(
@@ -166,7 +177,10 @@ mod tests {
     #[test]
     fn this_kernel_has_task_struct_stack() {
         let Ok(data) = std::fs::read(crate::preflight::BTF_PATH) else {
-            crate::procs::tests::missing(&format!("no kernel BTF at {}", crate::preflight::BTF_PATH));
+            crate::procs::tests::missing(&format!(
+                "no kernel BTF at {}",
+                crate::preflight::BTF_PATH
+            ));
             return;
         };
         let off = struct_member_offset(&data, "task_struct", "stack")

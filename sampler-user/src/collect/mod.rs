@@ -43,10 +43,10 @@ pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy,
 pub use error::CollectError;
 use error::{errno_of, one_line};
 pub use python_procs::PythonProcMap;
-pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 use sampler_common::{
     Config, Counter, DEFAULT_RING_BYTES, STACK_SIZE_CLASSES, TARGET_PIDS_ENTRIES, maps, programs,
 };
+pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
 /// The eBPF object built by `build.rs` (empty when built with `PYEBPF_SKIP_EBPF=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pyebpf-sampler"));

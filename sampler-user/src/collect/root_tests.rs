@@ -57,7 +57,11 @@ fn own_cfg(stack_bytes: u32) -> CollectConfig {
 /// walks every iteration of both loops (docs/benchmarks.md has the numbers per kernel). A
 /// state explosion would blow far past these.
 fn verified_insns_budget(variant: &str) -> u32 {
-    if variant == "bpf_loop" { 50_000 } else { 600_000 }
+    if variant == "bpf_loop" {
+        50_000
+    } else {
+        600_000
+    }
 }
 
 /// Every program variant the kernel supports loads in every record variant: each load verifies
@@ -79,7 +83,7 @@ fn loads_every_variant_at_every_stack_size_class() {
         let choice = super::VariantChoice::Named(variant.name.to_string());
         let supported =
             super::variant::choose(&super::variant::SAMPLER, &features, &choice).is_ok();
-        for stack_bytes in [0].into_iter().chain(STACK_SIZE_CLASSES) {
+        'classes: for stack_bytes in [0].into_iter().chain(STACK_SIZE_CLASSES) {
             for kernel_stacks in [false, true] {
                 let cfg = CollectConfig {
                     kernel_stacks,
@@ -96,7 +100,7 @@ fn loads_every_variant_at_every_stack_size_class() {
                         variant.name
                     );
                     eprintln!("variant-load: {} unsupported: {err}", variant.name);
-                    break;
+                    break 'classes;
                 }
                 let collector = result.unwrap_or_else(|e| {
                     panic!(

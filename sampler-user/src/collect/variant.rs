@@ -283,7 +283,11 @@ pub fn choose(
 /// The line printed before sampling when a run loses something on this kernel: a variant
 /// reading `task->stack` without the offset cannot find the user registers of samples taken
 /// in kernel mode, which only matters when user stacks are copied (`--native`).
-pub fn degraded_note(choice: &Choice, features: &KernelFeatures, stack_bytes: u32) -> Option<String> {
+pub fn degraded_note(
+    choice: &Choice,
+    features: &KernelFeatures,
+    stack_bytes: u32,
+) -> Option<String> {
     (choice.variant.task_stack && features.task_stack_offset.is_none() && stack_bytes > 0).then(
         || {
             "kernel BTF is missing, so samples taken in kernel mode have no user registers: their \

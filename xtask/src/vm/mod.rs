@@ -11,6 +11,7 @@ mod guest;
 mod initramfs;
 mod kernels;
 mod qemu;
+pub mod report;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ use crate::setup::{self, Ready};
 use crate::sh::{self, say};
 
 pub use qemu::Accel;
+use report::Ran;
+pub use report::Row;
 
 /// The longest one guest may run before it is killed (a hung test; TCG runs take ~5 min).
 const GUEST_TIMEOUT: Duration = Duration::from_mins(25);
@@ -155,12 +158,6 @@ fn python_of(cache: &Cache, name: &str) -> Result<String> {
         .with_context(|| format!("interpreter {name} not in {}", cache.manifest().display()))
 }
 
-/// One kernel's result.
-pub struct Row {
-    pub passed: bool,
-    pub line: String,
-}
-
 /// Runs the plan on each of `names` in turn; prints and returns one row per kernel.
 pub fn matrix(bins: &guest::Binaries, names: &[String], accel: Option<Accel>) -> Result<Vec<Row>> {
     let root = out_root()?;
@@ -179,31 +176,25 @@ pub fn matrix(bins: &guest::Binaries, names: &[String], accel: Option<Accel>) ->
             run_guest(bins, &cache, name, &out, &mut accel)
         };
         let row = match result {
-            Ok(what) => row(name, &what, &out, started.elapsed()),
-            Err(e) => Row {
-                passed: false,
-                line: format!("{name:<5} FAIL  {e:#}"),
-            },
+            Ok(ran) => Row::of_run(name, &ran, &out, started.elapsed()),
+            Err(e) => Row::failed(name, &format!("{e:#}"), started.elapsed()),
         };
-        say("vm-test", &row.line);
+        say("vm-test", row.line());
         rows.push(row);
     }
     let mut summary = String::new();
     for r in &rows {
-        let _ = writeln!(summary, "{}", r.line);
+        let _ = writeln!(summary, "{}", r.line());
     }
     std::fs::write(root.join("summary.txt"), &summary)?;
     say("vm-test", "kernel matrix:");
     for r in &rows {
-        say("vm-test", format!("  {}", r.line));
+        say("vm-test", format!("  {}", r.line()));
+    }
+    if names.len() == parse_kernels(&["all".to_string()])?.len() {
+        report::update_doc(&rows)?;
     }
     Ok(rows)
-}
-
-/// What ran where: the kernel's name and how it was run.
-struct Ran {
-    kernel: String,
-    how: String,
 }
 
 fn run_host(bins: &guest::Binaries, out: &Path) -> Result<Ran> {
@@ -217,7 +208,8 @@ fn run_host(bins: &guest::Binaries, out: &Path) -> Result<Ran> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
     Ok(Ran {
         kernel: release.trim().to_owned(),
-        how: "host, no VM".into(),
+        source: "the host's kernel, no VM".into(),
+        accel: "none".into(),
     })
 }
 
@@ -271,50 +263,9 @@ fn run_guest(
     }
     Ok(Ran {
         kernel: kernel.release.clone(),
-        how: format!("{} {}, {}", kernel.package, kernel.version, accel.name()),
+        source: format!("{} {}", kernel.package, kernel.version),
+        accel: accel.name().into(),
     })
-}
-
-/// The row of a finished run.
-fn row(name: &str, ran: &Ran, out: &Path, took: Duration) -> Row {
-    let outcome = guest::Outcome::read(out);
-    let rc = std::fs::read_to_string(out.join("guest.rc")).unwrap_or_default();
-    let plan_len = 4;
-    let passed = rc.trim() == "0" && outcome.passed_all(plan_len);
-    let (variant, verified, ns) = outcome.program();
-    let per_variant: Vec<String> = outcome
-        .verified_by_variant()
-        .iter()
-        .map(|(v, n)| format!("{v} {n}"))
-        .collect();
-    let failed_steps: Vec<&str> = outcome
-        .steps
-        .iter()
-        .filter(|(_, rc, _)| *rc != 0)
-        .map(|(n, _, _)| n.as_str())
-        .collect();
-    let mut line = format!(
-        "{name:<5} {} {}: {} tests passed, {} failed; variant {variant}, {verified} instructions \
-         verified, {ns} ns per sample; loads: {}; {:.0} s ({})",
-        if passed { "PASS" } else { "FAIL" },
-        ran.kernel,
-        outcome.passed,
-        outcome.failed,
-        if per_variant.is_empty() {
-            "none".to_string()
-        } else {
-            per_variant.join(", ")
-        },
-        took.as_secs_f64(),
-        ran.how,
-    );
-    if !failed_steps.is_empty() {
-        let _ = write!(line, "; failed steps: {}", failed_steps.join(", "));
-    }
-    if !passed {
-        let _ = write!(line, "; logs: {}", out.display());
-    }
-    Row { passed, line }
 }
 
 /// Fetches every kernel of the matrix into the cache (setup's step); the ones that could not
