@@ -13,7 +13,6 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::layout::ManagedDict;
 use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
 
 /// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
@@ -31,6 +30,15 @@ pub(crate) struct VersionFacts {
     pub values_array: u64,
     pub inline_values: bool,
     pub tlbc_entries: u64,
+}
+
+/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedDict {
+    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
+    Tagged { offset: i64 },
+    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
+    Pointer { offset: i64 },
 }
 
 #[derive(Debug, Clone, Copy)]
