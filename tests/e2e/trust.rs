@@ -164,7 +164,7 @@ fn issue15_planted_symlinks_and_fifos_change_nothing() {
         let mut cmd = record(target.pid(), "3", &[&late]);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = cmd.spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(2000));
+        std::thread::sleep(Duration::from_secs(2));
         as_nobody(&["ln", "-sf", vs, late.to_str().unwrap()]);
         let o = child.wait_with_output().unwrap();
         let err = text(&o.stderr);
