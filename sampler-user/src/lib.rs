@@ -24,6 +24,7 @@ pub mod lru;
 pub mod merge;
 pub mod output;
 pub mod preflight;
+pub mod privilege;
 pub mod procs;
 pub mod profile;
 pub mod python;
