@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sampler_common::{DEFAULT_STACK_BYTES, STACK_SIZE_CLASSES};
 
-use crate::output::{self, Format};
+use crate::output::{self, Format, OutputFile};
 
 /// What to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,12 +88,13 @@ pub struct SessionConfig {
 }
 
 /// A validated `record` configuration.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct RecordConfig {
     /// What to sample.
     pub session: SessionConfig,
-    /// Where to write the outputs and in which format, in the order given (at least one).
-    pub outputs: Vec<(PathBuf, Format)>,
+    /// Where to write the outputs (resolved and checked, see [`OutputFile`]) and in which
+    /// format, in the order given (at least one).
+    pub outputs: Vec<(OutputFile, Format)>,
     /// Show a progress line.
     pub progress: bool,
 }
@@ -149,13 +150,8 @@ pub enum ConfigError {
         path: PathBuf,
     },
     /// The output cannot be written.
-    #[error("cannot write output file {}: {source}", path.display())]
-    Output {
-        /// The output path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Output(#[from] output::OutputError),
 }
 
 /// Every pid names a running process (`record -p`, `top -p`).
@@ -231,12 +227,12 @@ impl RecordConfig {
 }
 
 /// The output files and their formats: each `-o` with its extension's format (or `-f`'s, for a
-/// single `-o`), or the default name; each checked writable.
+/// single `-o`), or the default name; each resolved and checked writable.
 fn outputs(
     paths: Vec<PathBuf>,
     format: Option<&str>,
     now: &str,
-) -> Result<Vec<(PathBuf, Format)>, ConfigError> {
+) -> Result<Vec<(OutputFile, Format)>, ConfigError> {
     let forced = format
         .map(|name| {
             Format::from_name(name).ok_or_else(|| ConfigError::BadFormat {
@@ -266,12 +262,12 @@ fn outputs(
         if outputs[..i].iter().any(|(p, _)| p == path) {
             return Err(ConfigError::DuplicateOutput { path: path.clone() });
         }
-        output::check_writable(path).map_err(|source| ConfigError::Output {
-            path: path.clone(),
-            source,
-        })?;
     }
-    Ok(outputs)
+    let mut files = Vec::with_capacity(outputs.len());
+    for (path, format) in outputs {
+        files.push((OutputFile::open(&path)?, format));
+    }
+    Ok(files)
 }
 
 #[cfg(test)]
@@ -366,7 +362,7 @@ mod tests {
                 },
                 "x"
             ),
-            Err(ConfigError::Output { .. })
+            Err(ConfigError::Output(_))
         ));
         assert!(matches!(
             RecordConfig::new(
@@ -434,7 +430,7 @@ mod tests {
                 Format::Flamegraph
             ]
         );
-        assert_eq!(c.outputs[0].0, dir.join("r.pyebpf"));
+        assert_eq!(c.outputs[0].0.path(), dir.join("r.pyebpf"));
         // -f names the format of a single -o, whatever its extension…
         let c = RecordConfig::new(
             RecordRequest {
@@ -445,7 +441,9 @@ mod tests {
             "x",
         )
         .unwrap();
-        assert_eq!(c.outputs, [(dir.join("r.out"), Format::Pyebpf)]);
+        assert_eq!(c.outputs.len(), 1);
+        assert_eq!(c.outputs[0].0.path(), dir.join("r.out"));
+        assert_eq!(c.outputs[0].1, Format::Pyebpf);
         // … or of the default name.
         let c = RecordConfig::new(
             RecordRequest {
@@ -456,10 +454,12 @@ mod tests {
             "20250101-000000",
         )
         .unwrap();
+        assert_eq!(c.outputs.len(), 1);
         assert_eq!(
-            c.outputs,
-            [("pyebpf-20250101-000000.txt".into(), Format::Collapsed)]
+            c.outputs[0].0.path(),
+            Path::new("pyebpf-20250101-000000.txt")
         );
+        assert_eq!(c.outputs[0].1, Format::Collapsed);
         // -f with several -o is refused, in one line.
         let e = RecordConfig::new(
             RecordRequest {

@@ -276,29 +276,20 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         // A usage error is reported before the file is read.
         pyebpf::report::validate(&opts)?;
     }
+    // The output is resolved (and refused) before the saved file is read.
+    let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
     let profile = pyebpf::saved::load(&a.file)?;
-    if let Some(format) = format {
-        return write_to(a.output.as_deref(), |w| format.render(&profile, w));
-    }
-    write_to(a.output.as_deref(), |w| {
-        pyebpf::report::render(&profile, &opts, w)
+    let written = match format {
+        Some(format) => out.write(|w| format.render(&profile, w)),
+        None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
+    };
+    written.map_err(|e| {
+        if out.is_stdout() {
+            e.into()
+        } else {
+            format!("cannot write {}: {e}", out.path().display()).into()
+        }
     })
-}
-
-/// Writes through `write` to `path` (atomically) or, without a path, to stdout.
-fn write_to(
-    path: Option<&std::path::Path>,
-    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = path {
-        pyebpf::output::write_atomically(path, write)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()).into())
-    } else {
-        let stdout = std::io::stdout();
-        let mut out = std::io::BufWriter::new(stdout.lock());
-        write(&mut out)?;
-        Ok(std::io::Write::flush(&mut out)?)
-    }
 }
 
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -208,7 +208,7 @@ fn damaged_saved_files_give_one_clear_line() {
             "/proc/pyebpf-no/b.svg",
         ],
         &dir.0,
-        &["cannot write output file /proc/pyebpf-no/b.svg"],
+        &["cannot write /proc/pyebpf-no/b.svg: "],
     );
     assert!(
         !dir.join("a.txt").exists(),

@@ -13,7 +13,6 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::layout::{LongForm, ManagedDict};
 use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
 
 /// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
@@ -45,6 +44,25 @@ pub(crate) struct VersionFacts {
 pub(crate) struct CodeCounts {
     pub kwonlyargcount: i64,
     pub flags: i64,
+}
+
+/// Where an `int` keeps its sign and number of 30-bit digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongForm {
+    /// 3.12+: `uintptr_t lv_tag` = digits << 3 | sign (0 positive, 1 zero, 2 negative).
+    Tag,
+    /// Up to 3.11: `ob_size` (at `lv_tag`'s place) is the digit count, negative for a
+    /// negative number, 0 for zero.
+    SignedSize,
+}
+
+/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedDict {
+    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
+    Tagged { offset: i64 },
+    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
+    Pointer { offset: i64 },
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -15,6 +15,9 @@
 
 use super::PyError;
 use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
+// The descriptor exposes the per-version dict placement as one of its fields; the type is
+// defined with the facts that choose it (facts never imports the descriptor: no import loop).
+pub use super::facts::{LongForm, ManagedDict};
 
 /// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
 /// free_threaded;` — the field list follows, one `uint64_t` each.
@@ -79,15 +82,6 @@ pub enum HoldsGil {
     StatusBit { offset: u64, bit: u32 },
     /// 3.14+: `int holds_gil` at `offset`.
     Int { offset: u64 },
-}
-
-/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ManagedDict {
-    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
-    Tagged { offset: i64 },
-    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
-    Pointer { offset: i64 },
 }
 
 /// `_PyRuntimeState` (`runtime_state.*`).
@@ -249,16 +243,6 @@ pub struct LongOffsets {
     pub ob_digit: u64,
     /// How sign and digit count are stored.
     pub form: LongForm,
-}
-
-/// Where an `int` keeps its sign and number of 30-bit digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LongForm {
-    /// 3.12+: `uintptr_t lv_tag` = digits << 3 | sign (0 positive, 1 zero, 2 negative).
-    Tag,
-    /// Up to 3.11: `ob_size` (at `lv_tag`'s place) is the digit count, negative for a
-    /// negative number, 0 for zero.
-    SignedSize,
 }
 
 /// The built-in containers and scalars `dump --locals` shows as Python's `repr` does.

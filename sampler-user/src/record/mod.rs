@@ -27,7 +27,6 @@ mod summary;
 use std::io::Write as _;
 
 use crate::config::RecordConfig;
-use crate::output::write_atomically;
 use crate::profile::Profile;
 use session::{Ended, Flow, Session};
 
@@ -109,14 +108,19 @@ fn write_outputs(
     stderr: &mut std::io::StderrLock<'_>,
 ) -> Result<(), RecordError> {
     let mut failed = None;
-    for (path, format) in &cfg.outputs {
-        match write_atomically(path, |w| format.render(profile, w)) {
+    for (file, format) in &cfg.outputs {
+        match file.write(|w| format.render(profile, w)) {
             Ok(()) => {
-                let _ = writeln!(stderr, "Wrote {} to {}", format.describe(), path.display());
+                let to = if file.is_stdout() {
+                    "stdout".into()
+                } else {
+                    file.path().display().to_string()
+                };
+                let _ = writeln!(stderr, "Wrote {} to {to}", format.describe());
             }
             Err(source) => {
                 let e = RecordError::Write {
-                    path: path.clone(),
+                    path: file.path().to_path_buf(),
                     source,
                 };
                 if let Some(earlier) = failed.replace(e) {
