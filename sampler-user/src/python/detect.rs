@@ -1,7 +1,8 @@
 //! Finding the interpreter in a process, by content (never by file name).
 //!
 //! Owns: what makes a mapped ELF file a CPython runtime ([`PythonElf`]: a `.PyRuntime` section
-//! or a defined `_PyRuntime`, with `Py_Version`, `PyCode_Type` and `_Py_NoneStruct`), the
+//! or a defined `_PyRuntime`, with `Py_Version`, `PyCode_Type` and the [`KnownObjects`]:
+//! built-in types and singletons such as `_Py_NoneStruct`), the
 //! per-file cache of that verdict, and placing it in a process ([`Detected`]: load bias and
 //! absolute addresses).
 //! Input: a pid. Output: the [`Detected`] candidates, in maps order.
@@ -19,6 +20,7 @@ use crate::procs::elf::{ElfInfo, SymbolTable, SymbolTableKind, read_elf_info, re
 use crate::procs::{FileId, Mapping, open_mapped_file_in};
 
 use super::PyError;
+use super::objects::{KNOWN_SYMBOLS, Known, KnownObjects};
 
 /// Largest symbol or string table read from a file.
 const MAX_TABLE: u64 = 64 << 20;
@@ -36,6 +38,8 @@ pub struct PythonElf {
     pub pycode_type: Option<u64>,
     /// `_Py_NoneStruct` (entry frames of 3.13+ carry it as their executable).
     pub none: Option<u64>,
+    /// The static types and singletons the reader recognises by address.
+    pub known: KnownObjects,
     /// The file's headers (load segments for the bias, build-id for its identity).
     pub elf: ElfInfo,
 }
@@ -55,6 +59,8 @@ pub struct Detected {
     pub py_version_addr: Option<u64>,
     pub pycode_type_addr: Option<u64>,
     pub none_addr: Option<u64>,
+    /// [`PythonElf::known`] in the process.
+    pub known: KnownObjects,
     /// Address ranges of the file's mappings.
     pub image: Vec<(u64, u64)>,
 }
@@ -108,13 +114,9 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
         .section(b".PyRuntime")
         .filter(|s| s.size > 0)
         .map(|s| (s.addr, s.size));
-    let wanted: [&[u8]; 4] = [
-        b"_PyRuntime",
-        b"Py_Version",
-        b"PyCode_Type",
-        b"_Py_NoneStruct",
-    ];
-    let mut syms: [Option<(u64, u64)>; 4] = [None; 4];
+    let mut wanted: Vec<&[u8]> = vec![b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
+    wanted.extend(KNOWN_SYMBOLS.iter().map(|(name, _)| name.as_bytes()));
+    let mut syms: Vec<Option<(u64, u64)>> = vec![None; wanted.len()];
     for kind in [SymbolTableKind::Dynamic, SymbolTableKind::Static] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
         let found = runtime.is_some() || syms[0].is_some();
@@ -139,12 +141,19 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
         runtime = syms[0];
     }
     let (runtime, runtime_size) = runtime?;
+    let mut known = KnownObjects::default();
+    for ((_, k), sym) in KNOWN_SYMBOLS.iter().zip(&syms[3..]) {
+        if let Some((addr, _)) = sym {
+            known.set(*k, *addr);
+        }
+    }
     Some(PythonElf {
         runtime,
         runtime_size,
         py_version: syms[1].map(|s| s.0),
         pycode_type: syms[2].map(|s| s.0),
-        none: syms[3].map(|s| s.0),
+        none: known.get(Known::None),
+        known,
         elf,
     })
 }
@@ -182,6 +191,7 @@ fn place(info: &PythonElf, mappings: &[&Mapping]) -> Detected {
         py_version_addr: info.py_version.map(|a| a.wrapping_add(bias)),
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
         none_addr: info.none.map(|a| a.wrapping_add(bias)),
+        known: info.known.biased(bias),
         image: mappings.iter().map(|m| (m.start, m.end)).collect(),
     }
 }
@@ -207,6 +217,7 @@ mod tests {
             py_version: None,
             pycode_type: None,
             none: None,
+            known: KnownObjects::default(),
             elf: ElfInfo {
                 loads: vec![load(0, 0, 0x1000), load(0x64_2000, 0x64_3000, 0x1_0000)],
                 ..ElfInfo::default()
