@@ -102,6 +102,13 @@ struct DumpArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also print every frame's arguments and local variables (as Python's repr shows them).
+    #[arg(short = 'l', long)]
+    locals: bool,
+    /// With --locals: at most this many characters per value.
+    #[arg(long = "locals-max-len", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(8..=1_000_000), requires = "locals")]
+    locals_max_len: u32,
 }
 
 #[derive(Args)]
@@ -267,6 +274,10 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
     let opts = pyebpf::python::dump::DumpOptions {
         pid: a.pid,
         json: a.json,
+        locals: a.locals.then(|| pyebpf::python::values::ValueLimits {
+            max_len: a.locals_max_len as usize,
+            ..Default::default()
+        }),
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -4,7 +4,7 @@
 //! `.symtab`, build-id) and the per-file cache of what a file is ([`ElfInfo`], or "not Python").
 //! Input: a pid. Output: the [`Detected`] candidates — every mapped ELF that holds a `.PyRuntime`
 //! section or defines `_PyRuntime` — with their load bias, runtime address and the addresses of
-//! `Py_Version` and `PyCode_Type`.
+//! `Py_Version`, `PyCode_Type` and the [`KnownObjects`] (built-in types and singletons).
 //! Constraints: ELF files are untrusted: every offset and size is checked, reads are bounded
 //! ([`MAX_TABLE`]), nothing is memory-mapped (no SIGBUS on a truncated file). Files are opened
 //! as `/proc/PID/map_files/<start>-<end>`, then `/proc/PID/root/<path>`, then `<path>`
@@ -18,6 +18,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use super::PyError;
+use super::objects::{KNOWN_SYMBOLS, Known, KnownObjects};
 
 /// Largest symbol or string table read from a file.
 const MAX_TABLE: u64 = 64 << 20;
@@ -83,6 +84,8 @@ pub struct ElfInfo {
     pub pycode_type: Option<u64>,
     /// `_Py_NoneStruct` (entry frames of 3.13+ carry it as their executable).
     pub none: Option<u64>,
+    /// The static types and singletons the reader recognises by address.
+    pub known: KnownObjects,
     pub loads: Vec<Load>,
     pub build_id: Option<Vec<u8>>,
 }
@@ -100,6 +103,8 @@ pub struct Detected {
     pub py_version_addr: Option<u64>,
     pub pycode_type_addr: Option<u64>,
     pub none_addr: Option<u64>,
+    /// [`ElfInfo::known`] in the process.
+    pub known: KnownObjects,
     /// Address ranges of the file's mappings.
     pub image: Vec<(u64, u64)>,
     pub build_id: Option<Vec<u8>>,
@@ -203,6 +208,7 @@ fn place(info: &ElfInfo, mappings: &[&MapEntry]) -> Detected {
         py_version_addr: info.py_version.map(|a| a.wrapping_add(bias)),
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
         none_addr: info.none.map(|a| a.wrapping_add(bias)),
+        known: info.known.biased(bias),
         image: mappings.iter().map(|m| (m.start, m.end)).collect(),
         build_id: info.build_id.clone(),
     }
@@ -304,13 +310,9 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         .iter()
         .find(|s| name_of(s) == b".PyRuntime" && s.size > 0)
         .map(|s| (s.addr, s.size));
-    let wanted: [&[u8]; 4] = [
-        b"_PyRuntime",
-        b"Py_Version",
-        b"PyCode_Type",
-        b"_Py_NoneStruct",
-    ];
-    let mut syms: [Option<(u64, u64)>; 4] = [None; 4];
+    let mut wanted: Vec<&[u8]> = vec![b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
+    wanted.extend(KNOWN_SYMBOLS.iter().map(|(name, _)| name.as_bytes()));
+    let mut syms: Vec<Option<(u64, u64)>> = vec![None; wanted.len()];
     let has_symtab = sections.iter().any(|s| s.kind == SHT_SYMTAB);
     for kind in [SHT_DYNSYM, SHT_SYMTAB] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
@@ -333,6 +335,12 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
     let Some((runtime, runtime_size)) = runtime else {
         return Ok(None);
     };
+    let mut known = KnownObjects::default();
+    for ((_, k), sym) in KNOWN_SYMBOLS.iter().zip(&syms[3..]) {
+        if let Some((addr, _)) = sym {
+            known.set(*k, *addr);
+        }
+    }
     let ph = read_at(file, phoff, phnum * 56)?;
     let mut loads = Vec::new();
     for i in 0..phnum as usize {
@@ -354,7 +362,8 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         runtime_size,
         py_version: syms[1].map(|s| s.0),
         pycode_type: syms[2].map(|s| s.0),
-        none: syms[3].map(|s| s.0),
+        none: known.get(Known::None),
+        known,
         loads,
         build_id,
     }))
@@ -364,8 +373,8 @@ fn find_symbols(
     file: &File,
     symtab: &Section,
     strtab: &Section,
-    wanted: &[&[u8]; 4],
-    out: &mut [Option<(u64, u64)>; 4],
+    wanted: &[&[u8]],
+    out: &mut [Option<(u64, u64)>],
 ) -> Result<(), BadElf> {
     let syms = read_at(file, symtab.offset, symtab.size)?;
     let strs = read_at(file, strtab.offset, strtab.size)?;
@@ -422,6 +431,7 @@ mod tests {
             py_version: None,
             pycode_type: None,
             none: None,
+            known: KnownObjects::default(),
             loads: vec![
                 Load {
                     offset: 0,
