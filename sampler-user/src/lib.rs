@@ -24,6 +24,7 @@ pub mod lru;
 pub mod merge;
 pub mod output;
 pub mod preflight;
+pub mod printable;
 pub mod privilege;
 pub mod procs;
 pub mod profile;
