@@ -20,9 +20,12 @@
 
 pub mod collect;
 pub mod config;
+pub mod lru;
 pub mod merge;
 pub mod output;
 pub mod preflight;
+pub mod printable;
+pub mod privilege;
 pub mod procs;
 pub mod profile;
 pub mod python;

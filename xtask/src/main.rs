@@ -6,6 +6,7 @@
 //! - `test [FILTER...]`: setup with interpreters, build, all tests as root, then the kernel
 //!   matrix (`test.rs`).
 //! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
+//! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
@@ -13,6 +14,7 @@ mod apt;
 mod bench;
 mod install;
 mod interpreters;
+mod printable;
 mod rust;
 mod setup;
 mod sh;
@@ -69,6 +71,13 @@ enum Cmd {
         /// Interleaved runs per configuration (at least 5).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+    },
+    /// Regenerate `sampler-user/src/python/printable_table.rs` (which characters CPython's
+    /// `repr()` prints unescaped, per Unicode version) by asking real interpreters.
+    GenPrintable {
+        /// More interpreters to ask: `PYTHON` or `PYTHON@ROOT` (run chrooted into ROOT).
+        #[arg(value_name = "PYTHON[@ROOT]")]
+        pythons: Vec<String>,
     },
     /// Setup (incl. interpreters and kernels), build, then the tests in the kernel matrix (qemu)
     /// on Debian's 5.10, 6.1, 6.12 and the host's kernel, as root.
@@ -142,6 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vm::run(&vm::parse_kernels(&kernel)?, accel)
         }
         Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
+        Cmd::GenPrintable { pythons } => printable::run(&pythons),
     }
 }
 

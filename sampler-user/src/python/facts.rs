@@ -13,7 +13,6 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::layout::ManagedDict;
 use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
 
 /// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
@@ -31,6 +30,39 @@ pub(crate) struct VersionFacts {
     pub values_array: u64,
     pub inline_values: bool,
     pub tlbc_entries: u64,
+    pub long_form: LongForm,
+    /// `co_kwonlyargcount` and `co_flags`, relative to `co_argcount`.
+    pub code_counts: CodeCounts,
+    /// `unicodedata.unidata_version`.
+    pub unicode_version: &'static str,
+}
+
+/// Offsets of `co_kwonlyargcount` and `co_flags` relative to `co_argcount` (the debug offsets
+/// carry only `argcount`). 3.12–3.15 `Include/cpython/code.h`: `int co_flags; int co_argcount;
+/// int co_posonlyargcount; int co_kwonlyargcount;`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CodeCounts {
+    pub kwonlyargcount: i64,
+    pub flags: i64,
+}
+
+/// Where an `int` keeps its sign and number of 30-bit digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongForm {
+    /// 3.12+: `uintptr_t lv_tag` = digits << 3 | sign (0 positive, 1 zero, 2 negative).
+    Tag,
+    /// Up to 3.11: `ob_size` (at `lv_tag`'s place) is the digit count, negative for a
+    /// negative number, 0 for zero.
+    SignedSize,
+}
+
+/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedDict {
+    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
+    Tagged { offset: i64 },
+    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
+    Pointer { offset: i64 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +86,8 @@ pub(crate) enum HoldsGilFact {
 /// bits 8-10 / 11 / 12 in 3.14t ([unverified], §5.2); 3.13t keeps the default bits.
 const UNICODE_BITS_DEFAULT: (u32, u32, u32) = (2, 5, 6);
 const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
+/// `unicodedata.unidata_version` of 3.15 (as the interpreter reports it).
+const UNICODE_315: &str = "17.0.0";
 
 /// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
 /// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
@@ -80,6 +114,12 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         values_array: 8,
         inline_values: true,
         tlbc_entries: 8,
+        long_form: LongForm::Tag,
+        code_counts: CodeCounts {
+            kwonlyargcount: 8,
+            flags: -4,
+        },
+        unicode_version: "15.1.0",
     };
     Ok(match (minor, ft) {
         (12, false) => VersionFacts {
@@ -89,6 +129,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             managed_dict: ManagedDict::Tagged { offset: -24 },
             values_array: 0,
             inline_values: false,
+            unicode_version: "15.0.0",
             ..base
         },
         (13, _) => VersionFacts {
@@ -98,6 +139,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         },
         (14, _) => VersionFacts {
             source: FieldSource::DebugOffsets(FIELDS_314),
+            unicode_version: "16.0.0",
             stackref_tag_mask: 3,
             holds_gil: HoldsGilFact::Int(36),
             state: Some(44),
@@ -111,6 +153,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         // 3.15t was not examined; it inherits the 3.14t facts (unverified, like 3.14t).
         (15, _) => VersionFacts {
             source: FieldSource::DebugOffsets(FIELDS_315),
+            unicode_version: UNICODE_315,
             stackref_tag_mask: 3,
             holds_gil: HoldsGilFact::Table,
             state: Some(48),

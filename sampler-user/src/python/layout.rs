@@ -15,6 +15,9 @@
 
 use super::PyError;
 use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
+// The descriptor exposes the per-version dict placement as one of its fields; the type is
+// defined with the facts that choose it (facts never imports the descriptor: no import loop).
+pub use super::facts::{LongForm, ManagedDict};
 
 /// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
 /// free_threaded;` — the field list follows, one `uint64_t` each.
@@ -81,15 +84,6 @@ pub enum HoldsGil {
     Int { offset: u64 },
 }
 
-/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ManagedDict {
-    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
-    Tagged { offset: i64 },
-    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
-    Pointer { offset: i64 },
-}
-
 /// `_PyRuntimeState` (`runtime_state.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeOffsets {
@@ -154,6 +148,9 @@ pub struct FrameOffsets {
     pub instr_ptr: u64,
     /// `char owner`.
     pub owner: u64,
+    /// `localsplus[]`: arguments, locals, cells and free variables, in the order of
+    /// `co_localsplusnames` (`PyObject *` up to 3.13, `_PyStackRef` from 3.14).
+    pub localsplus: u64,
     /// `int32 tlbc_index` (free-threaded 3.14+).
     pub tlbc_index: Option<u64>,
     /// 3.12 `prev_instr` semantics: the last executed code unit (may be `code - 2`).
@@ -180,6 +177,14 @@ pub struct CodeOffsets {
     pub tlbc_entries: u64,
     /// `PyVarObject.ob_size`: number of code units in `co_code_adaptive`.
     pub ob_size: u64,
+    /// `co_localsplusnames` (tuple of str) and `co_localspluskinds` (bytes, `CO_FAST_*`).
+    pub localsplusnames: u64,
+    pub localspluskinds: u64,
+    /// `int co_argcount`, `int co_kwonlyargcount`, `int co_flags` (`CO_VARARGS`,
+    /// `CO_VARKEYWORDS`): which of the first locals are arguments.
+    pub argcount: u64,
+    pub kwonlyargcount: u64,
+    pub flags: u64,
 }
 
 /// `PyObject` header.
@@ -236,6 +241,26 @@ pub struct TypeOffsets {
 pub struct LongOffsets {
     pub lv_tag: u64,
     pub ob_digit: u64,
+    /// How sign and digit count are stored.
+    pub form: LongForm,
+}
+
+/// The built-in containers and scalars `dump --locals` shows as Python's `repr` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueOffsets {
+    /// `PyTupleObject.ob_item[]` (inline) and `PyVarObject.ob_size`.
+    pub tuple_item: u64,
+    pub var_size: u64,
+    /// `PyListObject.ob_item` (pointer to the array); the length is `ob_size`.
+    pub list_item: u64,
+    /// `PyFloatObject.ob_fval`.
+    pub float_value: u64,
+    /// `PySetObject.used`, `.mask`, `.table` (entries `{key, hash}` of 16 bytes).
+    pub set_used: u64,
+    pub set_mask: u64,
+    pub set_table: u64,
+    /// `PyCellObject.ob_ref`.
+    pub cell_ref: u64,
 }
 
 /// Everything the walker and the in-kernel walker need to know about one interpreter build.
@@ -253,6 +278,9 @@ pub struct RuntimeLayout {
     pub dict: DictLayout,
     pub types: TypeOffsets,
     pub long: LongOffsets,
+    pub values: ValueOffsets,
+    /// `unicodedata.unidata_version` of this minor version (which characters `repr()` escapes).
+    pub unicode_version: &'static str,
     /// The named values the layout was built from (debug offsets or the built-in table).
     pub table: Vec<(&'static str, u64)>,
 }
@@ -440,6 +468,7 @@ impl RuntimeLayout {
         };
         let ft = version.free_threaded;
         let ascii_size = n("unicode_object.asciiobject_size")?;
+        let argcount = n("code_object.argcount")?;
         let layout = RuntimeLayout {
             version,
             runtime: RuntimeOffsets {
@@ -486,6 +515,7 @@ impl RuntimeLayout {
                 executable: n("interpreter_frame.executable")?,
                 instr_ptr: n("interpreter_frame.instr_ptr")?,
                 owner: n("interpreter_frame.owner")?,
+                localsplus: n("interpreter_frame.localsplus")?,
                 tlbc_index: if ft {
                     nonzero("interpreter_frame.tlbc_index")
                 } else {
@@ -511,6 +541,11 @@ impl RuntimeLayout {
                 tlbc_entries: facts.tlbc_entries,
                 // `PyVarObject.ob_size` is generic: the tuple's is the code object's.
                 ob_size: n("tuple_object.ob_size")?,
+                localsplusnames: n("code_object.localsplusnames")?,
+                localspluskinds: n("code_object.localspluskinds")?,
+                argcount,
+                kwonlyargcount: argcount.wrapping_add_signed(facts.code_counts.kwonlyargcount),
+                flags: argcount.wrapping_add_signed(facts.code_counts.flags),
             },
             object: ObjectOffsets {
                 header_size,
@@ -558,7 +593,22 @@ impl RuntimeLayout {
             long: LongOffsets {
                 lv_tag: n("long_object.lv_tag")?,
                 ob_digit: n("long_object.ob_digit")?,
+                form: facts.long_form,
             },
+            values: ValueOffsets {
+                tuple_item: n("tuple_object.ob_item")?,
+                var_size: n("tuple_object.ob_size")?,
+                list_item: n("list_object.ob_item")?,
+                float_value: n("float_object.ob_fval")?,
+                // `PySetObject { PyObject_HEAD; fill; used; mask; table; ... }` (3.14+ in
+                // the debug offsets; the same layout before).
+                set_used: nonzero("set_object.used").unwrap_or(header_size + 8),
+                set_mask: nonzero("set_object.mask").unwrap_or(header_size + 16),
+                set_table: nonzero("set_object.table").unwrap_or(header_size + 24),
+                // `PyCellObject { PyObject_HEAD; PyObject *ob_ref; }`.
+                cell_ref: header_size,
+            },
+            unicode_version: facts.unicode_version,
             table,
         };
         layout.check_widths()?;

@@ -12,7 +12,7 @@
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
 //! `/work/shared/docs/cpython-layouts.md`.
 //!
-//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout`,
+//! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
 //! `walker` (interpreters → threads → frames) · `code` (code cache, line resolution) ·
 //! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `dump` (the `dump` command).
@@ -28,10 +28,15 @@ pub mod gil;
 pub mod kernel;
 pub mod layout;
 pub mod linetable;
+pub mod locals;
 pub mod memory;
+pub mod objects;
+mod printable_table;
+pub mod repr;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
+pub mod values;
 pub mod walker;
 
 #[cfg(test)]
@@ -39,7 +44,11 @@ mod fuzz_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]
+mod repr_live_tests;
+#[cfg(test)]
 pub(crate) mod testimage;
+#[cfg(test)]
+pub(crate) mod testlocals;
 #[cfg(test)]
 mod testvalues;
 #[cfg(test)]
@@ -47,6 +56,9 @@ mod walker_tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::lru::Lru;
+use crate::procs::FileId;
 
 pub use code::{CodeCache, Ctx, Target};
 pub use detect::Detected;
@@ -95,15 +107,19 @@ pub struct PyThread {
     pub gil: GilState,
     /// Innermost first.
     pub frames: Vec<PyFrame>,
+    /// The frame chain with its entry frames (for the native merge).
+    pub items: Vec<walker::ChainItem>,
+    /// Per frame its arguments and locals (when the limits ask for them; else empty).
+    pub locals: Vec<Vec<locals::Local>>,
     pub truncated: bool,
     pub tstate_addr: u64,
     /// `PyThreadState.state == _Py_THREAD_ATTACHED` (3.13+): running Python right now.
     pub attached: Option<bool>,
 }
 
-/// What is cached per interpreter file (device, inode): its version and layout.
-type LayoutCache = Mutex<HashMap<(u64, u64), (PyVersion, Arc<RuntimeLayout>)>>;
-static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// What is cached per interpreter file: its version and layout.
+type LayoutCache = Mutex<Lru<FileId, (PyVersion, Arc<RuntimeLayout>)>>;
+static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(Lru::new(1024)));
 
 /// One attached target: its layout, runtime address and caches.
 pub struct PythonProcess {
@@ -165,8 +181,8 @@ fn layout_for(
     d: &Detected,
     version: PyVersion,
 ) -> Result<Arc<RuntimeLayout>, PyError> {
-    let key = (d.dev, d.inode);
-    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned())
+    let key = &d.file;
+    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
         && v == version
     {
         return Ok(l);
@@ -191,10 +207,7 @@ fn layout_for(
     }
     let layout = Arc::new(layout);
     if let Ok(mut c) = LAYOUTS.lock() {
-        if c.len() > 1024 {
-            c.clear();
-        }
-        c.insert(key, (version, Arc::clone(&layout)));
+        c.insert(key.clone(), (version, Arc::clone(&layout)));
     }
     Ok(layout)
 }
@@ -244,6 +257,7 @@ impl PythonProcess {
             pid,
             pycode_type: detected.pycode_type_addr,
             image: detected.image.clone(),
+            known: detected.known.clone(),
         };
         Ok(PythonProcess {
             pid,
@@ -432,6 +446,8 @@ pub fn assemble<S: std::hash::BuildHasher>(
                 name,
                 gil: thread_gil(gil, t.tstate, t.holds_gil),
                 frames: t.frames.clone(),
+                items: t.items.clone(),
+                locals: t.locals.clone(),
                 truncated: t.truncated,
                 tstate_addr: t.tstate,
                 attached: t.attached,

@@ -296,8 +296,9 @@ pub(crate) const FIELDS_315: &[&str] = &[
 
 /// 3.12 has no `_Py_DebugOffsets`: the same names, with values from the 3.12 headers
 /// (`Include/internal/pycore_runtime.h`, `pycore_interp.h`, `cpython/pystate.h`,
-/// `pycore_frame.h`, `cpython/code.h`, `cpython/unicodeobject.h` @ v3.12.1; checked with gdb
-/// `ptype /o` against the DWARF of libpython3.12.so.1.0 3.12.1). `thread_state.current_frame`
+/// `pycore_frame.h`, `cpython/code.h`, `cpython/unicodeobject.h`, `cpython/listobject.h`,
+/// `cpython/floatobject.h` @ v3.12.1; checked with gdb `ptype /o` against the DWARF of
+/// libpython3.12.so.1.0 3.12.1). `thread_state.current_frame`
 /// is `cframe` (then `_PyCFrame.current_frame` @0); `interpreter_frame.executable` is `f_code`
 /// and `instr_ptr` is `prev_instr`.
 pub(crate) const BUILTIN_312: &[(&str, u64)] = &[
@@ -335,6 +336,8 @@ pub(crate) const BUILTIN_312: &[(&str, u64)] = &[
     ("code_object.linetable", 136),
     ("code_object.firstlineno", 68),
     ("code_object.argcount", 52),
+    ("code_object.localsplusnames", 96),
+    ("code_object.localspluskinds", 104),
     ("code_object.co_code_adaptive", 192),
     ("pyobject.size", 16),
     ("pyobject.ob_type", 8),
@@ -344,9 +347,14 @@ pub(crate) const BUILTIN_312: &[(&str, u64)] = &[
     ("tuple_object.size", 32),
     ("tuple_object.ob_item", 24),
     ("tuple_object.ob_size", 16),
+    ("list_object.size", 40),
+    ("list_object.ob_item", 24),
+    ("list_object.ob_size", 16),
     ("dict_object.size", 48),
     ("dict_object.ma_keys", 32),
     ("dict_object.ma_values", 40),
+    ("float_object.size", 24),
+    ("float_object.ob_fval", 16),
     ("long_object.size", 32),
     ("long_object.lv_tag", 16),
     ("long_object.ob_digit", 24),
