@@ -104,6 +104,10 @@ fn roots(rec: &Recording) -> String {
     s
 }
 
+/// How long the late starter spins before the run is stopped: ~200 samples at 99 Hz if it has
+/// a CPU; 10 are required (a busy 2-core machine).
+const LATE_SPIN: Duration = Duration::from_secs(2);
+
 #[test]
 fn all_three_interpreters_late_starter_and_short_lived_process() {
     let Some(interps) = AT_ONCE.iter().map(|n| setup(n)).collect::<Option<Vec<_>>>() else {
@@ -116,11 +120,14 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     let short = Installed::new(&short_interp, "rec_short.py");
     let dir = OutDir::new("all");
     let out = dir.join("all.txt");
-    let args = ["--all", "-f", "collapsed", "-d", "5"];
+    // No `-d`: the run is stopped with SIGINT (which writes what was collected) once the late
+    // starter has spun for LATE_SPIN, however long its start took (an emulated kernel in the
+    // kernel matrix takes seconds to start an interpreter).
+    let args = ["--all", "-f", "collapsed"];
     let mut child = record_spawn(&args, &out);
     wait_sampling(&mut child);
 
-    // A Python process started 1 s after the run begins (ready file awaited after the run).
+    // A Python process started 1 s after the run begins.
     std::thread::sleep(Duration::from_secs(1));
     let mut late = Workload::spawn(&late_interp, "rec_spin.py", &[], &[]);
     // A Python process that does ~200 ms of CPU work and exits, well inside the run.
@@ -139,9 +146,12 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
         text(&short_out.stderr)
     );
 
+    late.wait_ready();
+    std::thread::sleep(LATE_SPIN);
+    // SAFETY: signals our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let o = child.wait_with_output().unwrap();
     let rec = finish(&o, &args, &out);
-    late.wait_ready();
     let late_expected = spinner_stack(&late);
 
     // All three tallies first, so a failure message's neighbours are on stderr too.

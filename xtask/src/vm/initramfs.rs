@@ -133,15 +133,12 @@ pub fn read_module(path: &Path) -> Result<Vec<u8>> {
 
 /// The `depends=` list of a module's `.modinfo` section.
 fn depends(elf: &[u8]) -> Result<Vec<String>> {
-    let obj = goblin::elf::Elf::parse(elf).context("a module that is not ELF")?;
-    let section = obj
-        .section_headers
-        .iter()
-        .find(|s| obj.shdr_strtab.get_at(s.sh_name) == Some(".modinfo"))
-        .context("a module without .modinfo")?;
-    let bytes = usize::try_from(section.sh_offset)
-        .ok()
-        .and_then(|at| elf.get(at..at.checked_add(usize::try_from(section.sh_size).ok()?)?))
+    use object::{Object as _, ObjectSection as _};
+    let obj = object::File::parse(elf).context("a module that is not ELF")?;
+    let bytes = obj
+        .section_by_name(".modinfo")
+        .context("a module without .modinfo")?
+        .data()
         .context(".modinfo outside the file")?;
     Ok(bytes
         .split(|&b| b == 0)

@@ -92,17 +92,15 @@ pub fn build(ready: &Ready) -> Result<guest::Binaries> {
     ready.apply(&mut cmd);
     sh::run(&mut cmd)?;
     let mut cmd = sh::cargo();
+    // The workspace's test binaries, as `cargo xtask test` builds them (the same feature set,
+    // so nothing is rebuilt there); the plan runs two of them.
     cmd.args([
         "test",
         "--no-run",
         "--message-format=json-render-diagnostics",
-        "-p",
-        "sampler-user",
-        "--lib",
-        "-p",
-        "integration-tests",
-        "--test",
-        "e2e",
+        "--workspace",
+        "--exclude",
+        "sampler-ebpf",
     ]);
     ready.apply(&mut cmd);
     println!("+ {}", sh::show(&cmd));
