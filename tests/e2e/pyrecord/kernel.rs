@@ -68,7 +68,7 @@ fn without_kernel_btf_record_runs_and_says_what_native_loses_3_12() {
         &[("PYEBPF_TEST_FAKE_BTF_PATH", "/nonexistent/vmlinux")],
     );
     assert!(
-        rec.stderr_lines("kernel BTF").is_empty(),
+        rec.stderr_lines("kernel BTF is missing").is_empty(),
         "without --native there is nothing to say about BTF ({}):\n{}",
         rec.what,
         rec.stderr
