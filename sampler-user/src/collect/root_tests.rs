@@ -429,18 +429,33 @@ fn kernel_mode_samples_use_task_regs_and_kernel_stacks() {
         with_kstack * 10 >= from_task.len() * 9,
         "few kernel stacks: {with_kstack}"
     );
+    // A sample taken while the thread handles a page fault on its own stack page has no copy:
+    // the page at `sp` is not mapped yet, and the eBPF program cannot fault it in. Emulated
+    // kernels (the kernel matrix) spend long enough in such faults to be sampled there
+    // (1 of 348 kernel-mode samples on 5.10 under TCG); they are counted as `StackCopyEmpty`.
+    let mut without_copy = 0;
     for s in &from_task {
         assert_eq!(
             s.flags & (sample_flags::NO_USER_REGS | sample_flags::KERNEL_THREAD),
             0
         );
         assert_ne!(s.regs.ip, 0);
-        let copy = s
-            .stack
-            .as_ref()
-            .expect("kernel-mode sample without a user stack copy");
-        assert!((copy.base..copy.base + copy.bytes.len() as u64).contains(&s.regs.sp));
+        match &s.stack {
+            Some(copy) => assert!(
+                (copy.base..copy.base + copy.bytes.len() as u64).contains(&s.regs.sp)
+            ),
+            None => without_copy += 1,
+        }
     }
+    assert!(
+        without_copy * 10 <= from_task.len(),
+        "{without_copy} of {} kernel-mode samples without a user stack copy",
+        from_task.len()
+    );
+    assert!(
+        totals.get(Counter::StackCopyEmpty) >= without_copy as u64,
+        "samples without a stack copy that were not counted"
+    );
     for s in samples
         .iter()
         .filter(|s| s.flags & sample_flags::USER_MODE != 0)
