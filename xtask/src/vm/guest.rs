@@ -30,8 +30,8 @@ pub struct Binaries {
     pub python312: String,
 }
 
-/// Steps in [`plan`].
-pub const STEPS: usize = 4;
+/// Steps in [`plan`]: the kernel, each test, the stats recording.
+pub const STEPS: usize = 2 + UNIT_TESTS.len() + E2E_TESTS.len();
 
 /// One step of the plan.
 pub struct Step {
@@ -72,35 +72,24 @@ pub fn writable_dirs(cache: &Path) -> Vec<PathBuf> {
     vec![cache.join("roots/sid/tmp")]
 }
 
-/// The plan for `bins`.
+/// The plan for `bins`: one step per test (so `steps.tsv` times each one), [`STEPS`] in all.
 pub fn plan(bins: &Binaries) -> Vec<Step> {
     let q = |p: &Path| shell_quote(&p.display().to_string());
-    let mut unit = format!("{} --test-threads=1 --nocapture --exact", q(&bins.unit));
-    for f in UNIT_TESTS {
-        let _ = write!(unit, " {f}");
-    }
-    let mut e2e = format!("{} --test-threads=1 --exact", q(&bins.e2e));
-    for t in E2E_TESTS {
-        let _ = write!(e2e, " {t}");
-    }
-    vec![
-        Step {
-            name: "kernel",
-            command: "uname -r && ls -l /sys/kernel/btf/vmlinux".into(),
-        },
-        Step {
-            name: "unit",
-            command: unit,
-        },
-        Step {
-            name: "e2e",
-            command: e2e,
-        },
-        Step {
-            name: "stats",
-            command: format!("stats {}", shell_quote(&bins.python312)),
-        },
-    ]
+    let test = |bin: &Path, name: &'static str| Step {
+        name: name.rsplit("::").next().unwrap_or(name),
+        command: format!("{} --test-threads=1 --nocapture --exact {name}", q(bin)),
+    };
+    let mut steps = vec![Step {
+        name: "kernel",
+        command: "uname -r && ls -l /sys/kernel/btf/vmlinux".into(),
+    }];
+    steps.extend(UNIT_TESTS.iter().map(|t| test(&bins.unit, t)));
+    steps.extend(E2E_TESTS.iter().map(|t| test(&bins.e2e, t)));
+    steps.push(Step {
+        name: "stats",
+        command: format!("stats {}", shell_quote(&bins.python312)),
+    });
+    steps
 }
 
 /// `guest.sh`: the plan as a bash script writing into `out`.
@@ -193,7 +182,8 @@ impl Outcome {
                 ));
             }
         }
-        for log in ["unit.log", "e2e.log"] {
+        let logs: Vec<String> = o.steps.iter().map(|(n, _, _)| format!("{n}.log")).collect();
+        for log in &logs {
             for line in read(log).lines() {
                 if let Some(rest) = line.strip_prefix("test result: ") {
                     o.passed += count_before(rest, " passed");
@@ -300,8 +290,11 @@ mod tests {
             "CI=true",
             "PYEBPF_BIN=/w/target/debug/pyebpf",
             "PYEBPF_TEST_MANIFEST=/var/cache/pyebpf-test/interpreters.json",
-            "step unit '/w/target/debug/deps/pyebpf-abc --test-threads=1 --nocapture --exact collect::root_tests::loads_every_variant_at_every_stack_size_class",
-            "step e2e '/w/target/debug/deps/e2e-def --test-threads=1 --exact pyrecord::stacks::deep_stack_3_12",
+            "step loads_every_variant_at_every_stack_size_class '/w/target/debug/deps/pyebpf-abc \
+             --test-threads=1 --nocapture --exact \
+             collect::root_tests::loads_every_variant_at_every_stack_size_class'",
+            "step deep_stack_3_12 '/w/target/debug/deps/e2e-def --test-threads=1 --nocapture \
+             --exact pyrecord::stacks::deep_stack_3_12'",
             "step stats 'stats /root/.pyenv/versions/3.12.1/bin/python3.12'",
             "step kernel 'uname -r && ls -l /sys/kernel/btf/vmlinux'",
         ] {
