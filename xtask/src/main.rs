@@ -88,6 +88,9 @@ enum Cmd {
         /// kvm or tcg (default: KVM if a guest really boots on it, else TCG).
         #[arg(long)]
         accel: Option<String>,
+        /// Guests booted at once.
+        #[arg(long, default_value_t = vm::DEFAULT_JOBS)]
+        jobs: usize,
     },
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
     /// kernel matrix (`vm-test --kernel all`).
@@ -141,14 +144,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
         Cmd::Test { no_apt, args } => test::run(no_apt, &args),
-        Cmd::VmTest { kernel, accel } => {
+        Cmd::VmTest {
+            kernel,
+            accel,
+            jobs,
+        } => {
             let accel = match accel.as_deref() {
                 None => None,
                 Some("kvm") => Some(vm::Accel::Kvm),
                 Some("tcg") => Some(vm::Accel::Tcg),
                 Some(other) => anyhow::bail!("--accel {other}: use kvm or tcg"),
             };
-            vm::run(&vm::parse_kernels(&kernel)?, accel)
+            vm::run(&vm::parse_kernels(&kernel)?, accel, jobs)
         }
         Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),

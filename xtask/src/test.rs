@@ -106,7 +106,7 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
         .phase("kernel matrix (vm-test)", || {
             let bins = crate::vm::build(&ready)?;
             let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
-            let rows = crate::vm::matrix(&bins, &kernels, None)?;
+            let rows = crate::vm::matrix(&bins, &kernels, None, crate::vm::DEFAULT_JOBS)?;
             if rows.iter().all(|r| r.passed) {
                 Ok(())
             } else {

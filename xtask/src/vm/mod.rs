@@ -5,8 +5,8 @@
 //! pass/fail, tests, accelerator, the sampling program's variant, its verified instructions
 //! and run time per sample, and how long it took; also written to `target/vm-test/summary.txt`.
 //!
-//! Kernels run one after another, each guest with both CPUs: two TCG guests at once would each
-//! get half the machine and take as long in total. `cargo xtask test` runs the whole matrix.
+//! Guests run [`DEFAULT_JOBS`] at a time (`--jobs`), each with 2 CPUs and 4 GiB; the host's
+//! kernel runs last, alone. `cargo xtask test` runs the whole matrix.
 mod guest;
 mod initramfs;
 mod kernels;
@@ -29,6 +29,8 @@ pub use report::Row;
 
 /// The longest one guest may run before it is killed (a hung test; TCG runs take ~5 min).
 const GUEST_TIMEOUT: Duration = Duration::from_mins(25);
+/// Guests at once by default.
+pub const DEFAULT_JOBS: usize = 2;
 /// Guest memory: the interpreters, `pyebpf` and the test binaries (read over 9p, page cache).
 const GUEST_MEMORY_MIB: u32 = 4096;
 
@@ -60,7 +62,7 @@ pub fn parse_kernels(args: &[String]) -> Result<Vec<String>> {
 }
 
 /// `cargo xtask vm-test`: setup, build, then the matrix.
-pub fn run(kernels: &[String], accel: Option<Accel>) -> Result<()> {
+pub fn run(kernels: &[String], accel: Option<Accel>, jobs: usize) -> Result<()> {
     if !sh::is_root() {
         sh::reexec_as_root("`cargo xtask vm-test`")?;
     }
@@ -69,7 +71,7 @@ pub fn run(kernels: &[String], accel: Option<Accel>) -> Result<()> {
         no_apt: false,
     })?;
     let bins = build(&ready)?;
-    let rows = matrix(&bins, kernels, accel)?;
+    let rows = matrix(&bins, kernels, accel, jobs)?;
     if rows.iter().any(|r| !r.passed) {
         bail!(
             "kernel matrix FAILED (logs under {})",
@@ -156,30 +158,66 @@ fn python_of(cache: &Cache, name: &str) -> Result<String> {
         .with_context(|| format!("interpreter {name} not in {}", cache.manifest().display()))
 }
 
-/// Runs the plan on each of `names` in turn; prints and returns one row per kernel.
-pub fn matrix(bins: &guest::Binaries, names: &[String], accel: Option<Accel>) -> Result<Vec<Row>> {
+/// Runs the plan on each of `names`: the guests `jobs` at a time, then `host` (alone: its
+/// tests sample the whole machine); prints and returns one row per kernel, in `names` order.
+pub fn matrix(
+    bins: &guest::Binaries,
+    names: &[String],
+    accel: Option<Accel>,
+    jobs: usize,
+) -> Result<Vec<Row>> {
     let root = out_root()?;
     std::fs::create_dir_all(&root)?;
     let cache = Cache::from_env();
     let mut accel = accel;
-    let mut rows = Vec::new();
-    for name in names {
-        let started = Instant::now();
+    let mut prepared = Vec::new();
+    let mut rows: Vec<Option<Row>> = names.iter().map(|_| None).collect();
+    for (i, name) in names.iter().enumerate() {
+        if name == "host" {
+            continue;
+        }
         let out = root.join(name);
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out)?;
-        let result = if name == "host" {
-            run_host(bins, &out)
-        } else {
-            run_guest(bins, &cache, name, &out, &mut accel)
-        };
-        let row = match result {
-            Ok(ran) => Row::of_run(name, &ran, &out, started.elapsed()),
-            Err(e) => Row::failed(name, &format!("{e:#}"), started.elapsed()),
+        match prepare_guest(bins, &cache, name, &out, &mut accel) {
+            Ok(guest) => prepared.push((i, guest)),
+            Err(e) => rows[i] = Some(Row::failed(name, &format!("{e:#}"), Duration::ZERO)),
+        }
+    }
+    for chunk in prepared.chunks(jobs.max(1)) {
+        let done: Vec<(usize, Row)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(i, g)| (*i, scope.spawn(|| g.run())))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(i, h)| {
+                    let row = h.join().unwrap_or_else(|_| {
+                        Row::failed(&names[i], "the guest's thread panicked", Duration::ZERO)
+                    });
+                    (i, row)
+                })
+                .collect()
+        });
+        for (i, row) in done {
+            say("vm-test", row.line());
+            rows[i] = Some(row);
+        }
+    }
+    if let Some(i) = names.iter().position(|n| n == "host") {
+        let started = Instant::now();
+        let out = root.join("host");
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out)?;
+        let row = match run_host(bins, &out) {
+            Ok(ran) => Row::of_run("host", &ran, &out, started.elapsed()),
+            Err(e) => Row::failed("host", &format!("{e:#}"), started.elapsed()),
         };
         say("vm-test", row.line());
-        rows.push(row);
+        rows[i] = Some(row);
     }
+    let rows: Vec<Row> = rows.into_iter().flatten().collect();
     let mut summary = String::new();
     for r in &rows {
         let _ = writeln!(summary, "{}", r.line());
@@ -211,13 +249,25 @@ fn run_host(bins: &guest::Binaries, out: &Path) -> Result<Ran> {
     })
 }
 
-fn run_guest(
+/// A guest ready to boot.
+struct Prepared {
+    series: String,
+    kernel: kernels::Kernel,
+    initramfs: PathBuf,
+    out: PathBuf,
+    tmpfs: Vec<PathBuf>,
+    accel: Accel,
+}
+
+/// Fetches (if needed) the kernel of `series`, builds its initramfs and `guest.sh`, and probes
+/// KVM once (the first guest decides for all).
+fn prepare_guest(
     bins: &guest::Binaries,
     cache: &Cache,
     series: &str,
     out: &Path,
     accel: &mut Option<Accel>,
-) -> Result<Ran> {
+) -> Result<Prepared> {
     let spec = kernels::SERIES
         .iter()
         .find(|s| s.name == series)
@@ -236,34 +286,58 @@ fn run_guest(
         out.join("guest.sh"),
         guest::script(bins, out, setup::in_ci()),
     )?;
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get().min(2)) as u32;
-    let guest = qemu::Guest {
-        vmlinuz: &kernel.vmlinuz(),
-        initramfs: &initramfs,
-        out,
-        tmpfs: &guest::writable_dirs(&bins.cache),
-        cpus,
-        memory_mib: GUEST_MEMORY_MIB,
-    };
-    say(
-        "vm-test",
-        format!(
-            "{series}: booting {} ({} {}) on {}, {cpus} CPUs; console: {}",
-            kernel.release,
-            kernel.package,
-            kernel.version,
-            accel.name(),
-            out.join("console.log").display()
-        ),
-    );
-    if !guest.run(accel, GUEST_TIMEOUT)? {
-        bail!("{series}: the guest did not finish within {GUEST_TIMEOUT:?}");
-    }
-    Ok(Ran {
-        kernel: kernel.release.clone(),
-        source: format!("{} {}", kernel.package, kernel.version),
-        accel: accel.name().into(),
+    Ok(Prepared {
+        series: series.to_owned(),
+        kernel,
+        initramfs,
+        out: out.to_path_buf(),
+        tmpfs: guest::writable_dirs(&bins.cache),
+        accel,
     })
+}
+
+impl Prepared {
+    /// Boots it, waits for it, reads its results.
+    fn run(&self) -> Row {
+        let started = Instant::now();
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get().min(2)) as u32;
+        let vmlinuz = self.kernel.vmlinuz();
+        let guest = qemu::Guest {
+            vmlinuz: &vmlinuz,
+            initramfs: &self.initramfs,
+            out: &self.out,
+            tmpfs: &self.tmpfs,
+            cpus,
+            memory_mib: GUEST_MEMORY_MIB,
+        };
+        say(
+            "vm-test",
+            format!(
+                "{}: booting {} ({} {}) on {}, {cpus} CPUs; console: {}",
+                self.series,
+                self.kernel.release,
+                self.kernel.package,
+                self.kernel.version,
+                self.accel.name(),
+                self.out.join("console.log").display()
+            ),
+        );
+        let finished = guest.run(self.accel, GUEST_TIMEOUT);
+        let ran = Ran {
+            kernel: self.kernel.release.clone(),
+            source: format!("{} {}", self.kernel.package, self.kernel.version),
+            accel: self.accel.name().into(),
+        };
+        match finished {
+            Ok(true) => Row::of_run(&self.series, &ran, &self.out, started.elapsed()),
+            Ok(false) => Row::failed(
+                &self.series,
+                &format!("the guest did not finish within {GUEST_TIMEOUT:?}"),
+                started.elapsed(),
+            ),
+            Err(e) => Row::failed(&self.series, &format!("{e:#}"), started.elapsed()),
+        }
+    }
 }
 
 /// Fetches every kernel of the matrix into the cache (setup's step); the ones that could not
