@@ -160,7 +160,8 @@ fn section(rows: &[Row]) -> String {
          ten record variants of the load test (`unsupported`: the kernel lacks what it needs), \
          and the program's mean run time per sample in that recording. Under TCG the guest's \
          CPU is emulated, so its run times are those of the emulation, 10–50× the hardware's, \
-         and compare only with each other; instruction counts do not depend on it.\n\n\
+         and depend on what ran beside them (guests run two at a time): they show that the \
+         program runs, not what it costs; instruction counts do not depend on it.\n\n\
          | Kernel | Accel | Variant | Verified instructions | Verified instructions per variant (load test) | Run time per sample (ns) | Tests |\n\
          |---|---|---|---|---|---|---|\n",
         sh::probe(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
