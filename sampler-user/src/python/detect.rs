@@ -83,6 +83,15 @@ pub struct ElfInfo {
     pub pycode_type: Option<u64>,
     /// `_Py_NoneStruct` (entry frames of 3.13+ carry it as their executable).
     pub none: Option<u64>,
+    /// `PyFrame_Type` (its `tp_basicsize` is checked against built-in tables).
+    pub pyframe_type: Option<u64>,
+    /// `.bss` (address, size): holds `Py_GetVersion()`'s buffer, the version of builds
+    /// without `Py_Version` (≤ 3.10).
+    pub bss: Option<(u64, u64)>,
+    /// The file exports `Py_GetVersion` but no `_PyRuntime`: a CPython older than 3.7.
+    pub pre_runtime: bool,
+    /// glibc's `_thread_db_pthread_tid` (any file, Python or not).
+    pub pthread_tid_desc: Option<u64>,
     pub loads: Vec<Load>,
     pub build_id: Option<Vec<u8>>,
 }
@@ -100,6 +109,13 @@ pub struct Detected {
     pub py_version_addr: Option<u64>,
     pub pycode_type_addr: Option<u64>,
     pub none_addr: Option<u64>,
+    pub pyframe_type_addr: Option<u64>,
+    /// `.bss` of the file in the target (address, size).
+    pub bss: Option<(u64, u64)>,
+    /// A CPython older than 3.7 (no `_PyRuntime`; `runtime_addr` is 0).
+    pub pre_runtime: bool,
+    /// Where glibc's `_thread_db_pthread_tid` descriptor is in the target (any mapped file).
+    pub pthread_tid_desc: Option<u64>,
     /// Address ranges of the file's mappings.
     pub image: Vec<(u64, u64)>,
     pub build_id: Option<Vec<u8>>,
@@ -132,6 +148,7 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
         }
     }
     let mut found = Vec::new();
+    let mut pthread_tid_desc = None;
     for (dev, inode) in files {
         let mine: Vec<&MapEntry> = maps
             .iter()
@@ -140,7 +157,16 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
         let Some(info) = elf_info_cached(pid, &mine) else {
             continue;
         };
-        found.push(place(&info, &mine));
+        let placed = place(&info, &mine);
+        if let Some(d) = info.pthread_tid_desc {
+            pthread_tid_desc.get_or_insert(d.wrapping_add(placed.bias));
+        }
+        if info.runtime != 0 || info.pre_runtime {
+            found.push(placed);
+        }
+    }
+    for d in &mut found {
+        d.pthread_tid_desc = pthread_tid_desc;
     }
     Ok(found)
 }
@@ -203,6 +229,10 @@ fn place(info: &ElfInfo, mappings: &[&MapEntry]) -> Detected {
         py_version_addr: info.py_version.map(|a| a.wrapping_add(bias)),
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
         none_addr: info.none.map(|a| a.wrapping_add(bias)),
+        pyframe_type_addr: info.pyframe_type.map(|a| a.wrapping_add(bias)),
+        bss: info.bss.map(|(a, n)| (a.wrapping_add(bias), n)),
+        pre_runtime: info.pre_runtime,
+        pthread_tid_desc: None,
         image: mappings.iter().map(|m| (m.start, m.end)).collect(),
         build_id: info.build_id.clone(),
     }
@@ -260,6 +290,9 @@ struct Section {
 const SHT_SYMTAB: u64 = 2;
 const SHT_NOTE: u64 = 7;
 const SHT_DYNSYM: u64 = 11;
+const SHT_NOBITS: u64 = 8;
+/// Symbols looked up in `.dynsym` (and `.symtab` when needed).
+const WANTED: usize = 7;
 const PT_LOAD: u64 = 1;
 
 /// `Some` when the file is an ELF64 little-endian object that holds a CPython runtime.
@@ -304,21 +337,24 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         .iter()
         .find(|s| name_of(s) == b".PyRuntime" && s.size > 0)
         .map(|s| (s.addr, s.size));
-    let wanted: [&[u8]; 4] = [
+    let wanted: [&[u8]; WANTED] = [
         b"_PyRuntime",
         b"Py_Version",
         b"PyCode_Type",
         b"_Py_NoneStruct",
+        b"PyFrame_Type",
+        b"Py_GetVersion",
+        b"_thread_db_pthread_tid",
     ];
-    let mut syms: [Option<(u64, u64)>; 4] = [None; 4];
+    let mut syms: [Option<(u64, u64)>; WANTED] = [None; WANTED];
     let has_symtab = sections.iter().any(|s| s.kind == SHT_SYMTAB);
     for kind in [SHT_DYNSYM, SHT_SYMTAB] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
         let found = runtime.is_some() || syms[0].is_some();
-        let settled = found && syms.iter().all(Option::is_some);
-        // Not Python: every supported CPython (3.12+) has a `.PyRuntime` section or exports
-        // `_PyRuntime`, so a file with neither is rejected without reading its `.symtab` (which
-        // is large in big non-Python binaries).
+        let settled = found && syms[..5].iter().all(Option::is_some);
+        // Not Python: every CPython since 3.7 has a `.PyRuntime` section or exports
+        // `_PyRuntime` (older ones export `Py_GetVersion`, in `.dynsym`), so a file with
+        // neither is rejected without reading its `.symtab` (large in big non-Python binaries).
         if kind == SHT_SYMTAB && (settled || !found || !has_symtab) {
             break;
         }
@@ -330,9 +366,42 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
     if runtime.is_none() {
         runtime = syms[0];
     }
-    let Some((runtime, runtime_size)) = runtime else {
-        return Ok(None);
+    // glibc's descriptor of `struct pthread`'s `tid` (libc.so.6 from 2.34, libpthread.so.0
+    // before): files that carry it are kept for it, Python or not.
+    let pthread_tid_desc = syms[6].map(|s| s.0);
+    // A CPython older than 3.7 has no `_PyRuntime` but exports `Py_GetVersion`.
+    let pre_runtime = runtime.is_none() && syms[5].is_some() && syms[2].is_some();
+    let (runtime, runtime_size) = match runtime {
+        Some(r) => r,
+        None if pre_runtime || pthread_tid_desc.is_some() => (0, 0),
+        None => return Ok(None),
     };
+    let loads = load_segments(file, phoff, phnum)?;
+    let build_id = sections
+        .iter()
+        .find(|s| s.kind == SHT_NOTE && name_of(s) == b".note.gnu.build-id")
+        .and_then(|s| build_id(file, s));
+    let bss = sections
+        .iter()
+        .find(|s| s.kind == SHT_NOBITS && name_of(s) == b".bss" && s.size > 0)
+        .map(|s| (s.addr, s.size));
+    Ok(Some(ElfInfo {
+        runtime,
+        runtime_size,
+        py_version: syms[1].map(|s| s.0),
+        pycode_type: syms[2].map(|s| s.0),
+        none: syms[3].map(|s| s.0),
+        pyframe_type: syms[4].map(|s| s.0),
+        bss,
+        pre_runtime,
+        pthread_tid_desc,
+        loads,
+        build_id,
+    }))
+}
+
+/// The `PT_LOAD` segments of the program headers at `phoff`.
+fn load_segments(file: &File, phoff: u64, phnum: u64) -> Result<Vec<Load>, BadElf> {
     let ph = read_at(file, phoff, phnum * 56)?;
     let mut loads = Vec::new();
     for i in 0..phnum as usize {
@@ -345,27 +414,15 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
             });
         }
     }
-    let build_id = sections
-        .iter()
-        .find(|s| s.kind == SHT_NOTE && name_of(s) == b".note.gnu.build-id")
-        .and_then(|s| build_id(file, s));
-    Ok(Some(ElfInfo {
-        runtime,
-        runtime_size,
-        py_version: syms[1].map(|s| s.0),
-        pycode_type: syms[2].map(|s| s.0),
-        none: syms[3].map(|s| s.0),
-        loads,
-        build_id,
-    }))
+    Ok(loads)
 }
 
 fn find_symbols(
     file: &File,
     symtab: &Section,
     strtab: &Section,
-    wanted: &[&[u8]; 4],
-    out: &mut [Option<(u64, u64)>; 4],
+    wanted: &[&[u8]; WANTED],
+    out: &mut [Option<(u64, u64)>; WANTED],
 ) -> Result<(), BadElf> {
     let syms = read_at(file, symtab.offset, symtab.size)?;
     let strs = read_at(file, strtab.offset, strtab.size)?;
@@ -422,6 +479,10 @@ mod tests {
             py_version: None,
             pycode_type: None,
             none: None,
+            pyframe_type: None,
+            bss: None,
+            pre_runtime: false,
+            pthread_tid_desc: None,
             loads: vec![
                 Load {
                     offset: 0,

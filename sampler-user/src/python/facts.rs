@@ -13,15 +13,23 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::layout::ManagedDict;
-use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
+use super::layout::{DictKeys, EntryRule, InstrKind, LineTableKind, ManagedDict};
+use super::tables::{
+    BUILTIN_38, BUILTIN_39, BUILTIN_310, BUILTIN_311, BUILTIN_312, FIELDS_313, FIELDS_314,
+    FIELDS_315,
+};
 
 /// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct VersionFacts {
     pub source: FieldSource,
     pub cframe_current_frame: Option<u64>,
-    pub instr_is_prev: bool,
+    pub instr: InstrKind,
+    pub entry: EntryRule,
+    pub linetable: LineTableKind,
+    pub dict_keys: DictKeys,
+    /// `PyLongObject` has `lv_tag` (3.12+) rather than a signed `ob_size`.
+    pub long_tagged: bool,
     pub stackref_tag_mask: u64,
     pub holds_gil: HoldsGilFact,
     pub state: Option<u64>,
@@ -37,7 +45,7 @@ pub(crate) struct VersionFacts {
 pub(crate) enum FieldSource {
     /// Field names of `_Py_DebugOffsets` after the header, in struct order.
     DebugOffsets(&'static [&'static str]),
-    /// A built-in table (3.12 has no debug offsets).
+    /// A built-in table (3.8–3.12 have no debug offsets).
     BuiltIn(&'static [(&'static str, u64)]),
 }
 
@@ -58,6 +66,10 @@ const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
 /// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
 /// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
 /// §7 (`MANAGED_DICT_OFFSET`, `PyDictValues`).
+#[allow(
+    clippy::too_many_lines,
+    reason = "the one version match: a flat list of facts per minor version"
+)]
 pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFacts, PyError> {
     let unsupported = || PyError::Unsupported {
         version: format!("{major}.{minor}{}", if ft { "t" } else { "" }),
@@ -71,7 +83,11 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
     let base = VersionFacts {
         source: FieldSource::DebugOffsets(FIELDS_313),
         cframe_current_frame: None,
-        instr_is_prev: false,
+        instr: InstrKind::InstrPtr,
+        entry: EntryRule::OwnerAtLeast(3),
+        linetable: LineTableKind::Locations,
+        dict_keys: DictKeys::Log2,
+        long_tagged: true,
         stackref_tag_mask: 0,
         holds_gil: HoldsGilFact::None,
         state: None,
@@ -81,11 +97,52 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         inline_values: true,
         tlbc_entries: 8,
     };
+    // ≤ 3.10: `PyFrameObject` chains, `f_lasti`, sized dict keys, `tp_dictoffset` dicts.
+    let frame_objects = VersionFacts {
+        cframe_current_frame: None,
+        instr: InstrKind::Lasti { unit_bytes: 1 },
+        entry: EntryRule::EveryFrame,
+        linetable: LineTableKind::Lnotab,
+        dict_keys: DictKeys::Sized,
+        long_tagged: false,
+        managed_dict: ManagedDict::TypeDictOffset,
+        values_array: 0,
+        inline_values: false,
+        ..base
+    };
     Ok(match (minor, ft) {
+        (8, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_38),
+            ..frame_objects
+        },
+        (9, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_39),
+            ..frame_objects
+        },
+        (10, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_310),
+            instr: InstrKind::Lasti { unit_bytes: 2 },
+            linetable: LineTableKind::Pep626,
+            ..frame_objects
+        },
+        (11, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_311),
+            cframe_current_frame: Some(8),
+            instr: InstrKind::PrevInstr,
+            entry: EntryRule::EntryFlag,
+            long_tagged: false,
+            managed_dict: ManagedDict::ValuesThenDict {
+                values: -32,
+                dict: -24,
+            },
+            values_array: 0,
+            inline_values: false,
+            ..base
+        },
         (12, false) => VersionFacts {
             source: FieldSource::BuiltIn(BUILTIN_312),
             cframe_current_frame: Some(0),
-            instr_is_prev: true,
+            instr: InstrKind::PrevInstr,
             managed_dict: ManagedDict::Tagged { offset: -24 },
             values_array: 0,
             inline_values: false,

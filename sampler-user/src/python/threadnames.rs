@@ -1,7 +1,7 @@
 //! Thread names from `threading._active`.
 //!
-//! Owns: a bounded reader of dicts (combined, split and inline-values), ints and instance
-//! attributes — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
+//! Owns: a bounded reader of dicts (≤ 3.10 sized keys; 3.11+ combined, split and
+//! inline-values), ints (`ob_size` or `lv_tag`) and instance attributes — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
 //! → `{ident: Thread}` → `Thread._name`.
 //! Input: a [`Ctx`] and an interpreter address. Output: `pthread_t` → name.
 //! Constraints: every count is capped ([`MAX_DICT_ENTRIES`], names ≤ [`MAX_NAME_CHARS`] chars);
@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use super::code::Ctx;
-use super::layout::ManagedDict;
+use super::layout::{DictKeys, ManagedDict};
 use super::memory::{MemError, field_u64};
 use super::unicode::{StrError, read_str};
 
@@ -24,9 +24,11 @@ pub const MAX_DICT_ENTRIES: u64 = 1 << 16;
 pub const MAX_NAME_CHARS: usize = 256;
 /// `Py_TPFLAGS_INLINE_VALUES` (3.13+).
 const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
-/// `PyDictKeysObject` header: `dk_refcnt`, `dk_log2_size`, `dk_log2_index_bytes` @9,
+/// `PyDictKeysObject` header (3.11+): `dk_refcnt`, `dk_log2_size`, `dk_log2_index_bytes` @9,
 /// `dk_kind` @10, `dk_version`, `dk_usable`, `dk_nentries` @24; indices @32 (all builds).
 const DK_HEADER: u64 = 32;
+/// ≤ 3.10: `dk_refcnt`, `dk_size`, `dk_lookup`, `dk_usable`, `dk_nentries`; indices @40.
+const DK_HEADER_SIZED: u64 = 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -55,12 +57,38 @@ fn keys_items(
     max: u64,
 ) -> Result<Vec<(u64, u64)>, NameError> {
     let mem = ctx.mem;
-    let head = mem.read_vec(keys, DK_HEADER as usize)?;
     let bad = |what| NameError::Invalid { what, addr: keys };
-    let log2_index_bytes = u32::from(head[9]);
-    let kind = head[10];
-    let nentries = field_u64(&head, 24).ok_or(bad("dk_nentries"))?;
-    if log2_index_bytes > 32 || nentries > max.min(MAX_DICT_ENTRIES) || kind > 2 {
+    let (nentries, entries, kind) = match ctx.layout.dict.keys {
+        DictKeys::Log2 => {
+            let head = mem.read_vec(keys, DK_HEADER as usize)?;
+            let log2_index_bytes = u32::from(head[9]);
+            let kind = head[10];
+            let nentries = field_u64(&head, 24).ok_or(bad("dk_nentries"))?;
+            if log2_index_bytes > 32 || kind > 2 {
+                return Err(bad("implausible dict keys"));
+            }
+            let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
+            (nentries, entries, kind)
+        }
+        DictKeys::Sized => {
+            // `dk_size` @8 (a power of two), `dk_nentries` @32, indices @40, each 1, 2, 4 or
+            // 8 bytes wide as `dk_size` needs (`DK_IXSIZE` in `Objects/dictobject.c`).
+            let head = mem.read_vec(keys, DK_HEADER_SIZED as usize)?;
+            let size = field_u64(&head, 8).ok_or(bad("dk_size"))?;
+            let nentries = field_u64(&head, 32).ok_or(bad("dk_nentries"))?;
+            if !size.is_power_of_two() || size > 1 << 32 {
+                return Err(bad("implausible dict keys"));
+            }
+            let ix = match size {
+                0..=0xff => 1,
+                0x100..=0xffff => 2,
+                0x1_0000..=0xffff_ffff => 4,
+                _ => 8,
+            };
+            (nentries, keys.wrapping_add(DK_HEADER_SIZED + size * ix), 0)
+        }
+    };
+    if nentries > max.min(MAX_DICT_ENTRIES) {
         return Err(bad("implausible dict keys"));
     }
     // Kind 0 (general): {hash, key, value}; kinds 1/2 (unicode keys): {key, value}.
@@ -69,7 +97,6 @@ fn keys_items(
     } else {
         (16, 0, 8)
     };
-    let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
     let raw = mem.read_vec(entries, (nentries * size) as usize)?;
     let split = match values {
         Some(v) => Some(mem.read_vec(
@@ -120,8 +147,15 @@ fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Resul
 fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
     let l = &ctx.layout.long;
     let tag = ctx.mem.read_u64(addr.wrapping_add(l.lv_tag))?;
-    let (ndigits, sign) = (tag >> 3, tag & 3);
-    if sign == 2 || ndigits > 3 {
+    // 3.12+ `lv_tag`: `ndigits << 3 | sign` (2: negative); ≤ 3.11 `ob_size`: the signed
+    // digit count.
+    let (ndigits, negative) = if l.tagged {
+        (tag >> 3, tag & 3 == 2)
+    } else {
+        let n = tag as i64;
+        (n.unsigned_abs(), n < 0)
+    };
+    if negative || ndigits > 3 {
         return Err(NameError::Invalid {
             what: "not a small non-negative int",
             addr,
@@ -140,7 +174,8 @@ fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
     })
 }
 
-/// The attribute `name` of a heap-type instance with a managed dict.
+/// The attribute `name` of a heap-type instance (its managed dict, or ≤ 3.10 its
+/// `tp_dictoffset` dict).
 fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, NameError> {
     let (mem, l) = (ctx.mem, ctx.layout);
     let ty = mem.read_u64(obj.wrapping_add(l.object.ob_type))?;
@@ -153,6 +188,30 @@ fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, Name
             })
     };
     let items = match l.dict.managed_dict {
+        ManagedDict::TypeDictOffset => {
+            let off = mem.read_u64(ty.wrapping_add(l.types.tp_dictoffset))? as i64;
+            if off <= 0 || off > 1 << 16 {
+                return Err(NameError::Invalid {
+                    what: "tp_dictoffset",
+                    addr: ty,
+                });
+            }
+            match mem.read_u64(obj.wrapping_add_signed(off))? {
+                0 => return Err(NameError::Missing("instance dict")),
+                d => dict_items(ctx, d, MAX_DICT_ENTRIES)?,
+            }
+        }
+        ManagedDict::ValuesThenDict { values, dict } => {
+            let v = mem.read_u64(obj.wrapping_add_signed(values))?;
+            if v != 0 {
+                keys_items(ctx, cached_keys()?, Some(v), MAX_DICT_ENTRIES)?
+            } else {
+                match mem.read_u64(obj.wrapping_add_signed(dict))? {
+                    0 => return Err(NameError::Missing("instance dict")),
+                    d => dict_items(ctx, d, MAX_DICT_ENTRIES)?,
+                }
+            }
+        }
         ManagedDict::Tagged { offset } => {
             let w = mem.read_u64(obj.wrapping_add_signed(offset))?;
             if w & 1 == 1 {
