@@ -23,6 +23,8 @@ pub mod config;
 pub mod merge;
 pub mod output;
 pub mod preflight;
+pub mod printable;
+pub mod privilege;
 pub mod procs;
 pub mod profile;
 pub mod python;

@@ -9,6 +9,7 @@
 
 mod errors;
 mod gil;
+mod locals;
 mod robustness;
 mod support;
 

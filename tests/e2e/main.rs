@@ -13,3 +13,4 @@ mod record;
 mod report;
 mod saved;
 mod top;
+mod trust;

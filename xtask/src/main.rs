@@ -4,6 +4,7 @@
 //! - `install [--prefix DIR]`: release build to `DIR/bin/pyebpf` (`install.rs`).
 //! - `run-quickstart [ARGS...]`: setup, install, `pyebpf record --all -d 30 ARGS...`.
 //! - `test [FILTER...]`: setup with interpreters, build, all tests as root (`test.rs`).
+//! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
@@ -11,6 +12,7 @@ mod apt;
 mod bench;
 mod install;
 mod interpreters;
+mod printable;
 mod rust;
 mod setup;
 mod sh;
@@ -67,6 +69,13 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// Regenerate `sampler-user/src/python/printable_table.rs` (which characters CPython's
+    /// `repr()` prints unescaped, per Unicode version) by asking real interpreters.
+    GenPrintable {
+        /// More interpreters to ask: `PYTHON` or `PYTHON@ROOT` (run chrooted into ROOT).
+        #[arg(value_name = "PYTHON[@ROOT]")]
+        pythons: Vec<String>,
+    },
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root.
     Test {
         #[arg(long)]
@@ -115,6 +124,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
         Cmd::Test { no_apt, args } => test::run(no_apt, &args),
         Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
+        Cmd::GenPrintable { pythons } => printable::run(&pythons),
     }
 }
 

@@ -1,16 +1,20 @@
 //! Output formats. Each format takes up one file and renders the same [`Profile`].
 //!
-//! Owns: [`Format`], the format-by-extension rule, and [`write_atomically`], which writes to a
-//! temporary name beside the destination and renames it, so a failed run never leaves half a
-//! file.
+//! Owns: [`Format`], the format-by-extension rule, and [`OutputFile`] ([`file`]), the one way
+//! pyebpf creates files: resolved before sampling, written to an unpredictable temporary name
+//! beside the destination and renamed, so a failed run never leaves half a file and a run as
+//! root cannot be turned against other files.
 
 mod collapsed;
+pub mod file;
 mod flamegraph;
 pub mod pprof;
 mod speedscope;
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+pub use file::{OutputError, OutputFile};
 
 use crate::profile::Profile;
 
@@ -111,50 +115,6 @@ impl Format {
     }
 }
 
-/// The temporary name used while writing `dest`.
-fn temp_name(dest: &Path) -> PathBuf {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    dest.with_file_name(format!(".{name}.pyebpf-tmp.{}", std::process::id()))
-}
-
-/// Checks, before sampling starts, that `dest` can be written: creates and removes the
-/// temporary file that [`write_atomically`] will use.
-pub fn check_writable(dest: &Path) -> io::Result<()> {
-    if dest.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::IsADirectory,
-            "is a directory",
-        ));
-    }
-    let tmp = temp_name(dest);
-    std::fs::File::create(&tmp)?;
-    std::fs::remove_file(&tmp)
-}
-
-/// Writes through `write` into a temporary file beside `dest`, then renames it to `dest`.
-/// On any error the temporary file is removed and `dest` is untouched.
-pub fn write_atomically(
-    dest: &Path,
-    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
-) -> io::Result<()> {
-    let tmp = temp_name(dest);
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut buf = io::BufWriter::new(file);
-        write(&mut buf)?;
-        let file = buf.into_inner().map_err(io::IntoInnerError::into_error)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, dest)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -229,32 +189,5 @@ pub(crate) mod tests {
             Some(Format::Speedscope)
         );
         assert_eq!(Format::from_path(Path::new("p.bin")), None);
-    }
-
-    #[test]
-    fn atomic_write_leaves_nothing_on_error() {
-        let dir = std::env::temp_dir().join(format!("pyebpf-out-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let dest = dir.join("x.svg");
-        let err = write_atomically(&dest, |w| {
-            w.write_all(b"half")?;
-            Err(io::Error::other("boom"))
-        });
-        assert!(err.is_err());
-        assert_eq!(
-            std::fs::read_dir(&dir).unwrap().count(),
-            0,
-            "no file left behind"
-        );
-        write_atomically(&dest, |w| w.write_all(b"whole")).unwrap();
-        assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn check_writable_refuses_missing_dir() {
-        assert!(check_writable(Path::new("/nonexistent-dir-pyebpf/x.svg")).is_err());
-        assert!(check_writable(&std::env::temp_dir()).is_err());
     }
 }

@@ -19,7 +19,9 @@ use super::PyFrame;
 use super::errors::{ErrorCounts, ErrorKind};
 use super::layout::{InstrKind, RuntimeLayout};
 use super::linetable::line_at_kind;
+use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
+use super::objects::KnownObjects;
 use super::unicode::{StrError, read_bytes, read_str};
 
 pub const MAX_NAME_CHARS: usize = 1024;
@@ -103,6 +105,8 @@ pub struct Target {
     pub pycode_type: Option<u64>,
     /// Address ranges of the ELF file that holds `_PyRuntime`.
     pub image: Vec<(u64, u64)>,
+    /// The built-in types and singletons, by address.
+    pub known: KnownObjects,
 }
 
 impl Target {
@@ -124,6 +128,8 @@ pub struct Ctx<'a> {
 pub struct CodeCache {
     entries: HashMap<u64, Arc<CodeInfo>>,
     generation: Option<u64>,
+    /// Local names of the cached code objects (`dump --locals`).
+    pub(crate) locals: LocalsCache,
 }
 
 impl CodeCache {
@@ -139,6 +145,7 @@ impl CodeCache {
     pub fn set_generation(&mut self, generation: u64) {
         if self.generation != Some(generation) {
             self.entries.clear();
+            self.locals.clear();
             self.generation = Some(generation);
         }
     }

@@ -4,7 +4,7 @@
 //! `.symtab`, build-id) and the per-file cache of what a file is ([`ElfInfo`], or "not Python").
 //! Input: a pid. Output: the [`Detected`] candidates — every mapped ELF that holds a `.PyRuntime`
 //! section or defines `_PyRuntime` — with their load bias, runtime address and the addresses of
-//! `Py_Version` and `PyCode_Type`.
+//! `Py_Version`, `PyCode_Type` and the [`KnownObjects`] (built-in types and singletons).
 //! Constraints: ELF files are untrusted: every offset and size is checked, reads are bounded
 //! ([`MAX_TABLE`]), nothing is memory-mapped (no SIGBUS on a truncated file). Files are opened
 //! as `/proc/PID/map_files/<start>-<end>`, then `/proc/PID/root/<path>`, then `<path>`
@@ -18,6 +18,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use super::PyError;
+use super::objects::{KNOWN_SYMBOLS, Known, KnownObjects};
 
 /// Largest symbol or string table read from a file.
 const MAX_TABLE: u64 = 64 << 20;
@@ -83,6 +84,8 @@ pub struct ElfInfo {
     pub pycode_type: Option<u64>,
     /// `_Py_NoneStruct` (entry frames of 3.13+ carry it as their executable).
     pub none: Option<u64>,
+    /// The static types and singletons the reader recognises by address.
+    pub known: KnownObjects,
     /// `PyFrame_Type` (its `tp_basicsize` is checked against built-in tables).
     pub pyframe_type: Option<u64>,
     /// `.bss` (address, size): holds `Py_GetVersion()`'s buffer, the version of builds
@@ -109,6 +112,8 @@ pub struct Detected {
     pub py_version_addr: Option<u64>,
     pub pycode_type_addr: Option<u64>,
     pub none_addr: Option<u64>,
+    /// [`ElfInfo::known`] in the process.
+    pub known: KnownObjects,
     pub pyframe_type_addr: Option<u64>,
     /// `.bss` of the file in the target (address, size).
     pub bss: Option<(u64, u64)>,
@@ -229,6 +234,7 @@ fn place(info: &ElfInfo, mappings: &[&MapEntry]) -> Detected {
         py_version_addr: info.py_version.map(|a| a.wrapping_add(bias)),
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
         none_addr: info.none.map(|a| a.wrapping_add(bias)),
+        known: info.known.biased(bias),
         pyframe_type_addr: info.pyframe_type.map(|a| a.wrapping_add(bias)),
         bss: info.bss.map(|(a, n)| (a.wrapping_add(bias), n)),
         pre_runtime: info.pre_runtime,
@@ -291,8 +297,6 @@ const SHT_SYMTAB: u64 = 2;
 const SHT_NOTE: u64 = 7;
 const SHT_DYNSYM: u64 = 11;
 const SHT_NOBITS: u64 = 8;
-/// Symbols looked up in `.dynsym` (and `.symtab` when needed).
-const WANTED: usize = 7;
 const PT_LOAD: u64 = 1;
 
 /// `Some` when the file is an ELF64 little-endian object that holds a CPython runtime.
@@ -337,21 +341,22 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
         .iter()
         .find(|s| name_of(s) == b".PyRuntime" && s.size > 0)
         .map(|s| (s.addr, s.size));
-    let wanted: [&[u8]; WANTED] = [
-        b"_PyRuntime",
-        b"Py_Version",
-        b"PyCode_Type",
-        b"_Py_NoneStruct",
-        b"PyFrame_Type",
+    let mut wanted: Vec<&[u8]> = vec![b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
+    wanted.extend(KNOWN_SYMBOLS.iter().map(|(name, _)| name.as_bytes()));
+    // After the known objects: `PyFrame_Type`, `Py_GetVersion`, `_thread_db_pthread_tid`.
+    let extra = wanted.len();
+    wanted.extend([
+        &b"PyFrame_Type"[..],
         b"Py_GetVersion",
         b"_thread_db_pthread_tid",
-    ];
-    let mut syms: [Option<(u64, u64)>; WANTED] = [None; WANTED];
+    ]);
+    let mut syms: Vec<Option<(u64, u64)>> = vec![None; wanted.len()];
     let has_symtab = sections.iter().any(|s| s.kind == SHT_SYMTAB);
     for kind in [SHT_DYNSYM, SHT_SYMTAB] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
         let found = runtime.is_some() || syms[0].is_some();
-        let settled = found && syms[..5].iter().all(Option::is_some);
+        // (`Py_GetVersion` and the glibc descriptor do not need `.symtab`: both are exported.)
+        let settled = found && syms[..=extra].iter().all(Option::is_some);
         // Not Python: every CPython since 3.7 has a `.PyRuntime` section or exports
         // `_PyRuntime` (older ones export `Py_GetVersion`, in `.dynsym`), so a file with
         // neither is rejected without reading its `.symtab` (large in big non-Python binaries).
@@ -368,30 +373,37 @@ fn elf_info(file: &File) -> Result<Option<ElfInfo>, BadElf> {
     }
     // glibc's descriptor of `struct pthread`'s `tid` (libc.so.6 from 2.34, libpthread.so.0
     // before): files that carry it are kept for it, Python or not.
-    let pthread_tid_desc = syms[6].map(|s| s.0);
+    let pthread_tid_desc = syms[extra + 2].map(|s| s.0);
     // A CPython older than 3.7 has no `_PyRuntime` but exports `Py_GetVersion`.
-    let pre_runtime = runtime.is_none() && syms[5].is_some() && syms[2].is_some();
+    let pre_runtime = runtime.is_none() && syms[extra + 1].is_some() && syms[2].is_some();
     let (runtime, runtime_size) = match runtime {
         Some(r) => r,
         None if pre_runtime || pthread_tid_desc.is_some() => (0, 0),
         None => return Ok(None),
     };
+    let mut known = KnownObjects::default();
+    for ((_, k), sym) in KNOWN_SYMBOLS.iter().zip(&syms[3..]) {
+        if let Some((addr, _)) = sym {
+            known.set(*k, *addr);
+        }
+    }
     let loads = load_segments(file, phoff, phnum)?;
-    let build_id = sections
-        .iter()
-        .find(|s| s.kind == SHT_NOTE && name_of(s) == b".note.gnu.build-id")
-        .and_then(|s| build_id(file, s));
     let bss = sections
         .iter()
         .find(|s| s.kind == SHT_NOBITS && name_of(s) == b".bss" && s.size > 0)
         .map(|s| (s.addr, s.size));
+    let build_id = sections
+        .iter()
+        .find(|s| s.kind == SHT_NOTE && name_of(s) == b".note.gnu.build-id")
+        .and_then(|s| build_id(file, s));
     Ok(Some(ElfInfo {
         runtime,
         runtime_size,
         py_version: syms[1].map(|s| s.0),
         pycode_type: syms[2].map(|s| s.0),
-        none: syms[3].map(|s| s.0),
-        pyframe_type: syms[4].map(|s| s.0),
+        none: known.get(Known::None),
+        known,
+        pyframe_type: syms[extra].map(|s| s.0),
         bss,
         pre_runtime,
         pthread_tid_desc,
@@ -421,8 +433,8 @@ fn find_symbols(
     file: &File,
     symtab: &Section,
     strtab: &Section,
-    wanted: &[&[u8]; WANTED],
-    out: &mut [Option<(u64, u64)>; WANTED],
+    wanted: &[&[u8]],
+    out: &mut [Option<(u64, u64)>],
 ) -> Result<(), BadElf> {
     let syms = read_at(file, symtab.offset, symtab.size)?;
     let strs = read_at(file, strtab.offset, strtab.size)?;
@@ -479,6 +491,7 @@ mod tests {
             py_version: None,
             pycode_type: None,
             none: None,
+            known: KnownObjects::default(),
             pyframe_type: None,
             bss: None,
             pre_runtime: false,

@@ -6,12 +6,17 @@
 //! Constraints: the JSON shape is a contract (end-to-end tests parse it):
 //! `{"pid", "python": {"version", "free_threaded", "gil_enabled"}, "threads": [{"tid",
 //! "native_thread_id", "python_thread_id", "name", "gil", "truncated", "frames": [{"function",
-//! "file", "line", "first_line"}]}]}`; `tid` is the host TID (null if unknown).
+//! "file", "line", "first_line"}]}]}`; `tid` is the host TID (null if unknown). With
+//! `--locals` every frame also has `"locals": [{"name", "arg", "value"}]` (value: `repr()`,
+//! `<unbound>` or `<unreadable>`); the text output lists them under each frame.
 
 use std::io::Write;
 
 use serde::Serialize;
 
+use super::locals::Local;
+use super::values::ValueLimits;
+use super::walker::Limits;
 use super::{GilState, PyError, PyThread, PythonProcess};
 
 /// What to dump.
@@ -19,6 +24,8 @@ use super::{GilState, PyError, PyThread, PythonProcess};
 pub struct DumpOptions {
     pub pid: u32,
     pub json: bool,
+    /// Arguments and locals of every frame, with these caps (`--locals`).
+    pub locals: Option<ValueLimits>,
 }
 
 /// A failed dump; `Display` is one clear line.
@@ -30,6 +37,9 @@ pub enum DumpError {
     Write(#[from] std::io::Error),
     #[error("cannot encode the dump as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// `--locals` on a CPython without `co_localsplusnames` (before 3.11).
+    #[error("dump --locals needs CPython 3.11 or newer (pid {pid} runs {version})")]
+    LocalsUnsupported { pid: u32, version: String },
 }
 
 #[derive(Serialize)]
@@ -63,6 +73,15 @@ struct JsonFrame<'a> {
     file: &'a str,
     line: i32,
     first_line: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    locals: Option<Vec<JsonLocal<'a>>>,
+}
+
+#[derive(Serialize)]
+struct JsonLocal<'a> {
+    name: &'a str,
+    arg: bool,
+    value: &'a str,
 }
 
 fn gil_json(g: GilState) -> &'static str {
@@ -107,6 +126,16 @@ fn cmdline(pid: u32) -> String {
 /// Attaches to `opts.pid`, takes one snapshot and writes it to `out`.
 pub fn run(opts: &DumpOptions, out: &mut dyn Write) -> Result<(), DumpError> {
     let mut proc = PythonProcess::attach(opts.pid)?;
+    if opts.locals.is_some() && proc.layout().code.localsplusnames.is_none() {
+        return Err(DumpError::LocalsUnsupported {
+            pid: opts.pid,
+            version: proc.version().to_string(),
+        });
+    }
+    proc.set_limits(Limits {
+        locals: opts.locals,
+        ..proc.limits()
+    });
     let threads = proc.threads()?;
     let gil_enabled = proc.gil_enabled().unwrap_or(true);
     if opts.json {
@@ -123,6 +152,7 @@ fn write_json(
     out: &mut dyn Write,
 ) -> Result<(), DumpError> {
     let v = proc.version();
+    let opts_locals = proc.limits().locals.is_some();
     let dump = JsonDump {
         pid: proc.pid(),
         python: JsonPython {
@@ -142,11 +172,26 @@ fn write_json(
                 frames: t
                     .frames
                     .iter()
-                    .map(|f| JsonFrame {
+                    .enumerate()
+                    .map(|(i, f)| JsonFrame {
                         function: &f.function,
                         file: &f.file,
                         line: f.line,
                         first_line: f.first_line,
+                        locals: opts_locals.then(|| {
+                            t.locals
+                                .get(i)
+                                .map(|l| {
+                                    l.iter()
+                                        .map(|l| JsonLocal {
+                                            name: &l.name,
+                                            arg: l.arg,
+                                            value: &l.value,
+                                        })
+                                        .collect()
+                                })
+                                .unwrap_or_default()
+                        }),
                     })
                     .collect(),
             })
@@ -189,11 +234,14 @@ fn write_text(
             t.name.as_deref().unwrap_or("?"),
             gil_text(t)
         )?;
-        for f in &t.frames {
+        for (i, f) in t.frames.iter().enumerate() {
             if f.line >= 0 {
                 writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
             } else {
                 writeln!(out, "    {} ({})", f.function, f.file)?;
+            }
+            if let Some(locals) = t.locals.get(i) {
+                write_locals(locals, out)?;
             }
         }
         if t.truncated {
@@ -211,6 +259,27 @@ fn write_text(
     Ok(())
 }
 
+/// `Arguments:` and `Locals:` under a frame, one `name = value` per line.
+fn write_locals(locals: &[Local], out: &mut dyn Write) -> std::io::Result<()> {
+    for (title, args) in [("Arguments", true), ("Locals", false)] {
+        let mut group = locals.iter().filter(|l| l.arg == args).peekable();
+        if group.peek().is_none() {
+            continue;
+        }
+        writeln!(out, "        {title}:")?;
+        for l in group {
+            // Values are `repr()`s (no control characters); names come from the target.
+            let name: String = l
+                .name
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            writeln!(out, "            {name} = {}", l.value)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +291,7 @@ mod tests {
             &DumpOptions {
                 pid: std::process::id(),
                 json: true,
+                locals: None,
             },
             &mut out,
         )
@@ -234,6 +304,7 @@ mod tests {
             &DumpOptions {
                 pid: 0x7fff_fff0,
                 json: false,
+                locals: Some(ValueLimits::default()),
             },
             &mut out,
         )

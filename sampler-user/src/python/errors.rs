@@ -96,10 +96,14 @@ pub enum ErrorKind {
     GilUnreadable,
     /// `threading._active` could not be read; names fell back to the OS name.
     ThreadNames,
+    /// A frame's local names or slots could not be read (`dump --locals`): no locals shown.
+    LocalsUnreadable,
+    /// A value (or an item of a container) could not be read: shown as `<unreadable>`.
+    ValueUnreadable,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
@@ -114,6 +118,8 @@ impl ErrorKind {
         ErrorKind::BadThreadList,
         ErrorKind::GilUnreadable,
         ErrorKind::ThreadNames,
+        ErrorKind::LocalsUnreadable,
+        ErrorKind::ValueUnreadable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -132,6 +138,8 @@ impl ErrorKind {
             ErrorKind::BadThreadList => "bad_thread_list",
             ErrorKind::GilUnreadable => "gil_unreadable",
             ErrorKind::ThreadNames => "thread_names",
+            ErrorKind::LocalsUnreadable => "locals_unreadable",
+            ErrorKind::ValueUnreadable => "value_unreadable",
         }
     }
 }

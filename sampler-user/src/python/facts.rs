@@ -13,7 +13,6 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::layout::{DictKeys, EntryRule, InstrKind, LineTableKind, ManagedDict};
 use super::tables::{
     BUILTIN_38, BUILTIN_39, BUILTIN_310, BUILTIN_311, BUILTIN_312, FIELDS_313, FIELDS_314,
     FIELDS_315,
@@ -28,8 +27,6 @@ pub(crate) struct VersionFacts {
     pub entry: EntryRule,
     pub linetable: LineTableKind,
     pub dict_keys: DictKeys,
-    /// `PyLongObject` has `lv_tag` (3.12+) rather than a signed `ob_size`.
-    pub long_tagged: bool,
     pub stackref_tag_mask: u64,
     pub holds_gil: HoldsGilFact,
     pub state: Option<u64>,
@@ -39,6 +36,93 @@ pub(crate) struct VersionFacts {
     pub values_array: u64,
     pub inline_values: bool,
     pub tlbc_entries: u64,
+    pub long_form: LongForm,
+    /// `co_kwonlyargcount` and `co_flags`, relative to `co_argcount`.
+    pub code_counts: CodeCounts,
+    /// `unicodedata.unidata_version`.
+    pub unicode_version: &'static str,
+}
+
+/// Offsets of `co_kwonlyargcount` and `co_flags` relative to `co_argcount` (the debug offsets
+/// carry only `argcount`). 3.12–3.15 `Include/cpython/code.h`: `int co_flags; int co_argcount;
+/// int co_posonlyargcount; int co_kwonlyargcount;`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CodeCounts {
+    pub kwonlyargcount: i64,
+    pub flags: i64,
+}
+
+/// Where an `int` keeps its sign and number of 30-bit digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongForm {
+    /// 3.12+: `uintptr_t lv_tag` = digits << 3 | sign (0 positive, 1 zero, 2 negative).
+    Tag,
+    /// Up to 3.11: `ob_size` (at `lv_tag`'s place) is the digit count, negative for a
+    /// negative number, 0 for zero.
+    SignedSize,
+}
+
+/// Where an instance's attribute dictionary is (for `Thread._name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedDict {
+    /// ≤ 3.10: a dict pointer at `obj + type->tp_dictoffset` (a positive offset for the
+    /// classes `threading` defines).
+    TypeDictOffset,
+    /// 3.11: `PyDictValues *` at `obj + values` (split keys from `ht_cached_keys`) if not
+    /// NULL, else a dict pointer at `obj + dict` (`_PyObject_ValuesPointer`,
+    /// `_PyObject_ManagedDictPointer`).
+    ValuesThenDict { values: i64, dict: i64 },
+    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
+    Tagged { offset: i64 },
+    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
+    Pointer { offset: i64 },
+}
+
+/// The header of `PyDictKeysObject`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DictKeys {
+    /// ≤ 3.10: `dk_size` @8, `dk_nentries` @32, indices @40 (1/2/4/8 bytes each by
+    /// `dk_size`), entries always `{hash, key, value}`.
+    Sized,
+    /// 3.11+: `dk_log2_index_bytes` @9, `dk_kind` @10, `dk_nentries` @24, indices @32;
+    /// unicode-keyed kinds have `{key, value}` entries.
+    Log2,
+}
+
+/// How a frame records where it is in its bytecode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstrKind {
+    /// ≤ 3.10 `int f_lasti` (the low half of the word at `instr_ptr`): the last instruction
+    /// started, in bytes (3.8, 3.9: `unit_bytes` 1) or in code units (3.10: 2); -1 before the
+    /// first one.
+    Lasti { unit_bytes: u8 },
+    /// 3.11, 3.12 `prev_instr`: the last executed code unit (may be `code - 2`).
+    PrevInstr,
+    /// 3.13+ `instr_ptr`: the instruction executing or about to begin.
+    InstrPtr,
+}
+
+/// Which frames end one activation of the eval loop (for the `--native` merge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryRule {
+    /// ≤ 3.10: every `PyFrameObject` is evaluated by a call of its own.
+    EveryFrame,
+    /// 3.11: the outermost frame of an activation has `is_entry` set.
+    EntryFlag,
+    /// 3.12+: an activation's frames sit above an entry frame with `owner >= n` (which is no
+    /// Python code).
+    OwnerAtLeast(u8),
+}
+
+/// The format of `co_linetable` / `co_lnotab`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTableKind {
+    /// 3.8, 3.9 `co_lnotab`: (byte increment, signed line increment) pairs.
+    Lnotab,
+    /// 3.10 PEP 626 `co_linetable`: (byte delta, signed line delta, -128: no line) pairs.
+    Pep626,
+    /// 3.11+ location table (`Objects/locations.md`).
+    Locations,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +146,8 @@ pub(crate) enum HoldsGilFact {
 /// bits 8-10 / 11 / 12 in 3.14t ([unverified], §5.2); 3.13t keeps the default bits.
 const UNICODE_BITS_DEFAULT: (u32, u32, u32) = (2, 5, 6);
 const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
+/// `unicodedata.unidata_version` of 3.15 (as the interpreter reports it).
+const UNICODE_315: &str = "17.0.0";
 
 /// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
 /// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
@@ -87,7 +173,6 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         entry: EntryRule::OwnerAtLeast(3),
         linetable: LineTableKind::Locations,
         dict_keys: DictKeys::Log2,
-        long_tagged: true,
         stackref_tag_mask: 0,
         holds_gil: HoldsGilFact::None,
         state: None,
@@ -96,6 +181,12 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         values_array: 8,
         inline_values: true,
         tlbc_entries: 8,
+        long_form: LongForm::Tag,
+        code_counts: CodeCounts {
+            kwonlyargcount: 8,
+            flags: -4,
+        },
+        unicode_version: "15.1.0",
     };
     // ≤ 3.10: `PyFrameObject` chains, `f_lasti`, sized dict keys, `tp_dictoffset` dicts.
     let frame_objects = VersionFacts {
@@ -104,15 +195,22 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         entry: EntryRule::EveryFrame,
         linetable: LineTableKind::Lnotab,
         dict_keys: DictKeys::Sized,
-        long_tagged: false,
+        long_form: LongForm::SignedSize,
         managed_dict: ManagedDict::TypeDictOffset,
         values_array: 0,
         inline_values: false,
+        // `int co_argcount` @16, `co_kwonlyargcount` @24, `co_flags` @36.
+        code_counts: CodeCounts {
+            kwonlyargcount: 8,
+            flags: 20,
+        },
+        unicode_version: "13.0.0",
         ..base
     };
     Ok(match (minor, ft) {
         (8, false) => VersionFacts {
             source: FieldSource::BuiltIn(BUILTIN_38),
+            unicode_version: "12.1.0",
             ..frame_objects
         },
         (9, false) => VersionFacts {
@@ -130,13 +228,19 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             cframe_current_frame: Some(8),
             instr: InstrKind::PrevInstr,
             entry: EntryRule::EntryFlag,
-            long_tagged: false,
+            long_form: LongForm::SignedSize,
             managed_dict: ManagedDict::ValuesThenDict {
                 values: -32,
                 dict: -24,
             },
             values_array: 0,
             inline_values: false,
+            // `int co_flags` @48, `co_argcount` @56, `co_kwonlyargcount` @64.
+            code_counts: CodeCounts {
+                kwonlyargcount: 8,
+                flags: -8,
+            },
+            unicode_version: "14.0.0",
             ..base
         },
         (12, false) => VersionFacts {
@@ -146,6 +250,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             managed_dict: ManagedDict::Tagged { offset: -24 },
             values_array: 0,
             inline_values: false,
+            unicode_version: "15.0.0",
             ..base
         },
         (13, _) => VersionFacts {
@@ -155,6 +260,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         },
         (14, _) => VersionFacts {
             source: FieldSource::DebugOffsets(FIELDS_314),
+            unicode_version: "16.0.0",
             stackref_tag_mask: 3,
             holds_gil: HoldsGilFact::Int(36),
             state: Some(44),
@@ -168,6 +274,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         // 3.15t was not examined; it inherits the 3.14t facts (unverified, like 3.14t).
         (15, _) => VersionFacts {
             source: FieldSource::DebugOffsets(FIELDS_315),
+            unicode_version: UNICODE_315,
             stackref_tag_mask: 3,
             holds_gil: HoldsGilFact::Table,
             state: Some(48),

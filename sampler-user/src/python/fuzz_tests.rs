@@ -3,9 +3,10 @@
 //! A seeded xorshift generator (reproducible: the seed and iteration are printed on failure)
 //! corrupts valid images of every flavor — bytes, pointers redirected into other objects or to
 //! themselves, NULLs, stackref tags, huge lengths, truncated objects — and also builds layouts
-//! from random `_Py_DebugOffsets` values. The reader must never panic, every output must respect
-//! the caps (frames, threads, string lengths), no single read may exceed `MAX_READ`, and failures
-//! must show up in the error counts.
+//! from random `_Py_DebugOffsets` values. Every third snapshot also reads every frame's locals
+//! (values of every kind, nested containers, cells). The reader must never panic, every output
+//! must respect the caps (frames, threads, string lengths, value lengths, locals per frame), no
+//! single read may exceed `MAX_READ`, and failures must show up in the error counts.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
@@ -13,8 +14,11 @@ use std::time::{Duration, Instant};
 use super::code::{CodeCache, Ctx, MAX_FILE_CHARS, MAX_NAME_CHARS, Target};
 use super::errors::ErrorCounts;
 use super::layout::RuntimeLayout;
+use super::locals::{MAX_LOCALS, MAX_NAME_CHARS as MAX_LOCAL_NAME};
 use super::memory::{ImageMemory, MAX_READ};
 use super::testimage::{CodeSpec, Flavor, ImageBuilder, debug_offsets_bytes};
+use super::testlocals::{CELL, FREE, LOCAL};
+use super::values::ValueLimits;
 use super::walker::{Limits, walk};
 use super::{PyThread, assemble};
 
@@ -66,12 +70,53 @@ fn rich_image(flavor: Flavor) -> ImageBuilder {
         let copy = b.tlbc_copy(f, 3);
         top = b.tlbc_frame(f, copy, 3, 5, top);
     }
+    top = locals_frame(&mut b, top);
     let t1 = b.thread(11, 0x1000, top);
     let t2 = b.thread(12, 0x2000, top);
     b.thread_flags(t1, true, true);
     b.set_gil(Some(t2), Some(1));
     b.threading_active(&[(0x1000, "MainThread"), (0x2000, "w-ü")], true);
     b
+}
+
+/// A frame with arguments and locals of every kind of value (containers nested, a cell).
+#[allow(
+    clippy::many_single_char_names,
+    reason = "short names mirror the Python values"
+)]
+fn locals_frame(b: &mut ImageBuilder, previous: u64) -> u64 {
+    // ≤ 3.10 layouts have no `co_localsplusnames`: no locals to fuzz there.
+    if b.layout().code.localsplusnames.is_none() {
+        return previous;
+    }
+    let code = b.code_with_locals(
+        &CodeSpec::simple("h", "/opt/h.py", 1, &[(1, 2), (2, 2)]),
+        &[
+            ("a", LOCAL),
+            ("é", LOCAL),
+            ("l", LOCAL),
+            ("d", LOCAL),
+            ("s", LOCAL),
+            ("c", CELL),
+            ("f", FREE),
+        ],
+        (1, 0, 0),
+    );
+    let one = b.small_int(1);
+    let big = b.big_int(true, &[1, 2, 3, 4, 5]);
+    let text = b.str_object("ключ 🐍 'q'");
+    let fl = b.float_object(0.1);
+    let by = b.bytes_object(b"\x00\xff");
+    let t = b.tuple_object(&[one, big]);
+    let inner = b.list_object(&[t, fl, by]);
+    let l = b.list_object(&[inner, text, one, one, one, one, one, one, one, one]);
+    let d = b.dict_of(&[(text, l), (one, inner)]);
+    let s = b.set_of(false, &[one, text, fl]);
+    let obj = b.instance("Thing");
+    let c = b.cell_object(obj);
+    let f = b.cell_object(d);
+    let slots = [one, text, l, d, s, c, f].map(|o| b.slot(Some(o), true));
+    b.frame_with_locals(code, 2, previous, &slots)
 }
 
 /// Every non-zero aligned word of an image (pointers, lengths, flags): the interesting targets.
@@ -132,6 +177,17 @@ fn check_bounds(threads: &[PyThread], limits: Limits) {
     assert!(threads.len() <= limits.max_threads * limits.max_interpreters);
     for t in threads {
         assert!(t.frames.len() <= limits.max_depth);
+        match limits.locals {
+            Some(v) => {
+                assert_eq!(t.locals.len(), t.frames.len());
+                for l in t.locals.iter().flatten() {
+                    assert!(l.value.chars().count() <= v.max_len, "{}", l.value);
+                    assert!(l.name.chars().count() <= MAX_LOCAL_NAME + 1);
+                }
+                assert!(t.locals.iter().all(|f| f.len() <= MAX_LOCALS));
+            }
+            None => assert!(t.locals.is_empty()),
+        }
         assert!(t.name.as_ref().is_none_or(|n| n.chars().count() <= 257));
         for f in &t.frames {
             assert!(f.function.chars().count() <= MAX_NAME_CHARS + 1);
@@ -194,6 +250,7 @@ fn random_layout_round(rng: &mut XorShift, b: &ImageBuilder, counts: &mut ErrorC
             max_depth: 16,
             max_threads: 3,
             max_interpreters: 2,
+            locals: None,
         };
         snapshot(
             &b.memory(),
@@ -261,6 +318,7 @@ fn corrupted_and_random_images_never_panic_and_stay_bounded() {
         max_depth: 16,
         max_threads: 3,
         max_interpreters: 2,
+        locals: None,
     };
     let (mut iterations, mut counts) = (0u64, ErrorCounts::default());
     while Instant::now() < deadline {
@@ -270,10 +328,16 @@ fn corrupted_and_random_images_never_panic_and_stay_bounded() {
         let result = catch_unwind(AssertUnwindSafe(|| {
             let mut mem = b.memory();
             corrupt(&mut rng, &mut mem, anchors, words);
-            let limits = if iterations % 2 == 0 {
-                small
-            } else {
-                Limits::default()
+            let limits = match iterations % 3 {
+                0 => small,
+                1 => Limits::default(),
+                _ => Limits {
+                    locals: Some(ValueLimits {
+                        max_len: 40,
+                        ..ValueLimits::default()
+                    }),
+                    ..small
+                },
             };
             snapshot(
                 &mem,

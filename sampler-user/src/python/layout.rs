@@ -15,6 +15,9 @@
 
 use super::PyError;
 use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
+// The descriptor exposes the per-version dict placement as one of its fields; the type is
+// defined with the facts that choose it (facts never imports the descriptor: no import loop).
+pub use super::facts::{DictKeys, EntryRule, InstrKind, LineTableKind, LongForm, ManagedDict};
 
 /// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
 /// free_threaded;` — the field list follows, one `uint64_t` each.
@@ -79,69 +82,6 @@ pub enum HoldsGil {
     StatusBit { offset: u64, bit: u32 },
     /// 3.14+: `int holds_gil` at `offset`.
     Int { offset: u64 },
-}
-
-/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ManagedDict {
-    /// ≤ 3.10: a dict pointer at `obj + type->tp_dictoffset` (a positive offset for the
-    /// classes `threading` defines).
-    TypeDictOffset,
-    /// 3.11: `PyDictValues *` at `obj + values` (split keys from `ht_cached_keys`) if not
-    /// NULL, else a dict pointer at `obj + dict` (`_PyObject_ValuesPointer`,
-    /// `_PyObject_ManagedDictPointer`).
-    ValuesThenDict { values: i64, dict: i64 },
-    /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
-    Tagged { offset: i64 },
-    /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
-    Pointer { offset: i64 },
-}
-
-/// The header of `PyDictKeysObject`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DictKeys {
-    /// ≤ 3.10: `dk_size` @8, `dk_nentries` @32, indices @40 (1/2/4/8 bytes each by
-    /// `dk_size`), entries always `{hash, key, value}`.
-    Sized,
-    /// 3.11+: `dk_log2_index_bytes` @9, `dk_kind` @10, `dk_nentries` @24, indices @32;
-    /// unicode-keyed kinds have `{key, value}` entries.
-    Log2,
-}
-
-/// How a frame records where it is in its bytecode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstrKind {
-    /// ≤ 3.10 `int f_lasti` (the low half of the word at `instr_ptr`): the last instruction
-    /// started, in bytes (3.8, 3.9: `unit_bytes` 1) or in code units (3.10: 2); -1 before the
-    /// first one.
-    Lasti { unit_bytes: u8 },
-    /// 3.11, 3.12 `prev_instr`: the last executed code unit (may be `code - 2`).
-    PrevInstr,
-    /// 3.13+ `instr_ptr`: the instruction executing or about to begin.
-    InstrPtr,
-}
-
-/// Which frames end one activation of the eval loop (for the `--native` merge).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryRule {
-    /// ≤ 3.10: every `PyFrameObject` is evaluated by a call of its own.
-    EveryFrame,
-    /// 3.11: the outermost frame of an activation has `is_entry` set.
-    EntryFlag,
-    /// 3.12+: an activation's frames sit above an entry frame with `owner >= n` (which is no
-    /// Python code).
-    OwnerAtLeast(u8),
-}
-
-/// The format of `co_linetable` / `co_lnotab`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineTableKind {
-    /// 3.8, 3.9 `co_lnotab`: (byte increment, signed line increment) pairs.
-    Lnotab,
-    /// 3.10 PEP 626 `co_linetable`: (byte delta, signed line delta, -128: no line) pairs.
-    Pep626,
-    /// 3.11+ location table (`Objects/locations.md`).
-    Locations,
 }
 
 /// Where the GIL is and its fields (relative to the `_gil_runtime_state`).
@@ -227,6 +167,9 @@ pub struct FrameOffsets {
     pub owner: Option<u64>,
     /// `bool is_entry` (3.11).
     pub is_entry: Option<u64>,
+    /// `localsplus[]`: arguments, locals, cells and free variables, in the order of
+    /// `co_localsplusnames` (`PyObject *` up to 3.13, `_PyStackRef` from 3.14).
+    pub localsplus: u64,
     /// `int32 tlbc_index` (free-threaded 3.14+).
     pub tlbc_index: Option<u64>,
     /// `_PyStackRef` tag bits of `f_executable` (3.14+: `Py_TAG_BITS` == 3; 0 before).
@@ -276,6 +219,16 @@ pub struct CodeOffsets {
     pub tlbc_entries: u64,
     /// `PyVarObject.ob_size`: number of code units in `co_code_adaptive` (3.11+).
     pub ob_size: u64,
+    /// `co_localsplusnames` (tuple of str) and `co_localspluskinds` (bytes, `CO_FAST_*`);
+    /// 3.11+ (before, locals are named by `co_varnames`, `co_cellvars` and `co_freevars`,
+    /// which `dump --locals` does not read).
+    pub localsplusnames: Option<u64>,
+    pub localspluskinds: Option<u64>,
+    /// `int co_argcount`, `int co_kwonlyargcount`, `int co_flags` (`CO_VARARGS`,
+    /// `CO_VARKEYWORDS`): which of the first locals are arguments.
+    pub argcount: u64,
+    pub kwonlyargcount: u64,
+    pub flags: u64,
 }
 
 impl CodeOffsets {
@@ -342,8 +295,27 @@ pub struct TypeOffsets {
 pub struct LongOffsets {
     /// 3.12+ `lv_tag` (`ndigits << 3 | sign`); ≤ 3.11 `ob_size` (signed digit count).
     pub lv_tag: u64,
-    pub tagged: bool,
     pub ob_digit: u64,
+    /// How sign and digit count are stored.
+    pub form: LongForm,
+}
+
+/// The built-in containers and scalars `dump --locals` shows as Python's `repr` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueOffsets {
+    /// `PyTupleObject.ob_item[]` (inline) and `PyVarObject.ob_size`.
+    pub tuple_item: u64,
+    pub var_size: u64,
+    /// `PyListObject.ob_item` (pointer to the array); the length is `ob_size`.
+    pub list_item: u64,
+    /// `PyFloatObject.ob_fval`.
+    pub float_value: u64,
+    /// `PySetObject.used`, `.mask`, `.table` (entries `{key, hash}` of 16 bytes).
+    pub set_used: u64,
+    pub set_mask: u64,
+    pub set_table: u64,
+    /// `PyCellObject.ob_ref`.
+    pub cell_ref: u64,
 }
 
 /// What the running binary must say about itself for a built-in table to apply
@@ -371,6 +343,9 @@ pub struct RuntimeLayout {
     pub types: TypeOffsets,
     pub long: LongOffsets,
     pub checks: BinaryChecks,
+    pub values: ValueOffsets,
+    /// `unicodedata.unidata_version` of this minor version (which characters `repr()` escapes).
+    pub unicode_version: &'static str,
     /// The named values the layout was built from (debug offsets or the built-in table).
     pub table: Vec<(&'static str, u64)>,
 }
@@ -600,6 +575,7 @@ impl RuntimeLayout {
         };
         let ft = version.free_threaded;
         let ascii_size = n("unicode_object.asciiobject_size")?;
+        let argcount = n("code_object.argcount")?;
         let layout = RuntimeLayout {
             version,
             runtime: RuntimeOffsets {
@@ -641,6 +617,7 @@ impl RuntimeLayout {
                 instr: facts.instr,
                 owner: t.get("interpreter_frame.owner"),
                 is_entry: t.get("interpreter_frame.is_entry"),
+                localsplus: n("interpreter_frame.localsplus")?,
                 tlbc_index: if ft {
                     nonzero("interpreter_frame.tlbc_index")
                 } else {
@@ -667,6 +644,11 @@ impl RuntimeLayout {
                 tlbc_entries: facts.tlbc_entries,
                 // `PyVarObject.ob_size` is generic: the tuple's is the code object's.
                 ob_size: n("tuple_object.ob_size")?,
+                localsplusnames: t.get("code_object.localsplusnames"),
+                localspluskinds: t.get("code_object.localspluskinds"),
+                argcount,
+                kwonlyargcount: argcount.wrapping_add_signed(facts.code_counts.kwonlyargcount),
+                flags: argcount.wrapping_add_signed(facts.code_counts.flags),
             },
             object: ObjectOffsets {
                 header_size,
@@ -719,18 +701,31 @@ impl RuntimeLayout {
                 }),
             },
             long: LongOffsets {
-                lv_tag: if facts.long_tagged {
-                    n("long_object.lv_tag")?
-                } else {
-                    n("long_object.ob_size")?
+                lv_tag: match facts.long_form {
+                    LongForm::Tag => n("long_object.lv_tag")?,
+                    LongForm::SignedSize => n("long_object.ob_size")?,
                 },
-                tagged: facts.long_tagged,
                 ob_digit: n("long_object.ob_digit")?,
+                form: facts.long_form,
             },
             checks: BinaryChecks {
                 code_basicsize: t.get("code_object.basicsize"),
                 frame_basicsize: t.get("frame_object.basicsize"),
             },
+            values: ValueOffsets {
+                tuple_item: n("tuple_object.ob_item")?,
+                var_size: n("tuple_object.ob_size")?,
+                list_item: n("list_object.ob_item")?,
+                float_value: n("float_object.ob_fval")?,
+                // `PySetObject { PyObject_HEAD; fill; used; mask; table; ... }` (3.14+ in
+                // the debug offsets; the same layout before).
+                set_used: nonzero("set_object.used").unwrap_or(header_size + 8),
+                set_mask: nonzero("set_object.mask").unwrap_or(header_size + 16),
+                set_table: nonzero("set_object.table").unwrap_or(header_size + 24),
+                // `PyCellObject { PyObject_HEAD; PyObject *ob_ref; }`.
+                cell_ref: header_size,
+            },
+            unicode_version: facts.unicode_version,
             table,
         };
         if layout.code.code_adaptive.is_none() == layout.code.co_code.is_none() {

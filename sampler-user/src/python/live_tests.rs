@@ -78,10 +78,24 @@ main()
 "#;
 
 /// An interpreter to run: `python` as it sees itself, under `root` when chrooted.
-struct Interp {
-    name: &'static str,
-    python: String,
-    root: Option<PathBuf>,
+pub(super) struct Interp {
+    pub name: &'static str,
+    pub python: String,
+    pub root: Option<PathBuf>,
+}
+
+impl Interp {
+    /// A command running this interpreter (chrooted when it has a root).
+    pub(super) fn command(&self) -> Command {
+        match &self.root {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg(&self.python);
+                c
+            }
+            None => Command::new(&self.python),
+        }
+    }
 }
 
 const SID: &str = "/var/cache/pyebpf-test/roots/sid";
@@ -102,7 +116,7 @@ fn fallback(name: &str) -> Option<(&'static str, Option<&'static str>)> {
 }
 
 /// The interpreter `name` from the manifest (`interpreters.json`), else the known paths.
-fn interp(name: &'static str) -> Option<Interp> {
+pub(super) fn interp(name: &'static str) -> Option<Interp> {
     let manifest = std::fs::read_to_string("/var/cache/pyebpf-test/interpreters.json").ok();
     let entry = manifest
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())

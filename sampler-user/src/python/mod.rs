@@ -28,10 +28,15 @@ pub mod gil;
 pub mod kernel;
 pub mod layout;
 pub mod linetable;
+pub mod locals;
 pub mod memory;
+pub mod objects;
+mod printable_table;
+pub mod repr;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
+pub mod values;
 pub mod walker;
 
 #[cfg(test)]
@@ -39,7 +44,11 @@ mod fuzz_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]
+mod repr_live_tests;
+#[cfg(test)]
 pub(crate) mod testimage;
+#[cfg(test)]
+pub(crate) mod testlocals;
 #[cfg(test)]
 mod testvalues;
 #[cfg(test)]
@@ -95,6 +104,10 @@ pub struct PyThread {
     pub gil: GilState,
     /// Innermost first.
     pub frames: Vec<PyFrame>,
+    /// The frame chain with its entry frames (for the native merge).
+    pub items: Vec<walker::ChainItem>,
+    /// Per frame its arguments and locals (when the limits ask for them; else empty).
+    pub locals: Vec<Vec<locals::Local>>,
     pub truncated: bool,
     pub tstate_addr: u64,
     /// `PyThreadState.state == _Py_THREAD_ATTACHED` (3.13+): running Python right now.
@@ -456,6 +469,7 @@ impl PythonProcess {
             pthread_tid,
             pycode_type: detected.pycode_type_addr,
             image: detected.image.clone(),
+            known: detected.known.clone(),
         };
         Ok(PythonProcess {
             pid,
@@ -644,6 +658,8 @@ pub fn assemble<S: std::hash::BuildHasher>(
                 name,
                 gil: thread_gil(gil, t.tstate, t.holds_gil),
                 frames: t.frames.clone(),
+                items: t.items.clone(),
+                locals: t.locals.clone(),
                 truncated: t.truncated,
                 tstate_addr: t.tstate,
                 attached: t.attached,

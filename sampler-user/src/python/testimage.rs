@@ -17,6 +17,7 @@ use super::layout::{
 };
 use super::linetable::{LineTableWriter, encode_lnotab, encode_pep626};
 use super::memory::ImageMemory;
+use super::objects::{Known, KnownObjects};
 use super::tables::{FIELDS_313, FIELDS_314, FIELDS_315};
 use super::testvalues::{
     COMMON_313, V313_VALUES, V313T_VALUES, V314_VALUES, V314T_VALUES, V315_VALUES,
@@ -201,24 +202,33 @@ pub const PTHREAD_TID: u64 = 0x2d0;
 
 /// Builds a synthetic process image; see the module header.
 pub struct ImageBuilder {
-    layout: RuntimeLayout,
-    mem: ImageMemory,
+    pub(super) layout: RuntimeLayout,
+    pub(super) mem: ImageMemory,
     image_next: u64,
     heap_next: u64,
     runtime: u64,
     interp: u64,
-    types: Types,
-    none: u64,
+    pub(super) types: Types,
+    pub(super) none: u64,
+    pub(super) true_: u64,
+    pub(super) false_: u64,
 }
 
 /// Addresses of the type objects the reader compares against.
-struct Types {
-    code: u64,
-    str_: u64,
-    bytes: u64,
-    int: u64,
-    dict: u64,
-    module: u64,
+pub(super) struct Types {
+    pub code: u64,
+    pub str_: u64,
+    pub bytes: u64,
+    pub int: u64,
+    pub dict: u64,
+    pub module: u64,
+    pub bool_: u64,
+    pub float: u64,
+    pub list: u64,
+    pub tuple: u64,
+    pub set: u64,
+    pub frozenset: u64,
+    pub cell: u64,
 }
 
 impl ImageBuilder {
@@ -244,8 +254,17 @@ impl ImageBuilder {
                 int: 0,
                 dict: 0,
                 module: 0,
+                bool_: 0,
+                float: 0,
+                list: 0,
+                tuple: 0,
+                set: 0,
+                frozenset: 0,
+                cell: 0,
             },
             none: 0,
+            true_: 0,
+            false_: 0,
         };
         b.runtime = b.alloc_image(b.layout.runtime.size);
         if !dbg.is_empty() {
@@ -259,8 +278,29 @@ impl ImageBuilder {
             int: ty(&mut b),
             dict: ty(&mut b),
             module: ty(&mut b),
+            bool_: ty(&mut b),
+            float: ty(&mut b),
+            list: ty(&mut b),
+            tuple: ty(&mut b),
+            set: ty(&mut b),
+            frozenset: ty(&mut b),
+            cell: ty(&mut b),
         };
+        b.name_types();
         b.none = b.alloc_image(b.layout.object.header_size);
+        // `True`/`False`: static ints of the bool type, with one digit.
+        for value in [1u32, 0] {
+            let l = b.layout.long.clone();
+            let a = b.alloc_image(l.ob_digit + 4);
+            b.w64(a + b.layout.object.ob_type, b.types.bool_);
+            b.w64(a + l.lv_tag, (1 << 3) | u64::from(value == 0));
+            b.w32(a + l.ob_digit, value);
+            if value == 1 {
+                b.true_ = a;
+            } else {
+                b.false_ = a;
+            }
+        }
         b.interp = b.alloc(b.layout.interp.size);
         b.w64(b.runtime + b.layout.runtime.interpreters_head, b.interp);
         // `ceval.gil` points at the embedded `_gil`; a free-threaded GIL starts disabled.
@@ -291,13 +331,64 @@ impl ImageBuilder {
     }
 
     pub fn target(&self) -> Target {
+        let t = &self.types;
+        let mut known = KnownObjects::default();
+        for (k, addr) in [
+            (Known::None, self.none),
+            (Known::True, self.true_),
+            (Known::False, self.false_),
+            (Known::Int, t.int),
+            (Known::Bool, t.bool_),
+            (Known::Float, t.float),
+            (Known::Str, t.str_),
+            (Known::Bytes, t.bytes),
+            (Known::List, t.list),
+            (Known::Tuple, t.tuple),
+            (Known::Dict, t.dict),
+            (Known::Set, t.set),
+            (Known::FrozenSet, t.frozenset),
+            (Known::Cell, t.cell),
+        ] {
+            known.set(k, addr);
+        }
         Target {
             pid: 0,
             runtime: self.runtime,
             pthread_tid: Some(PTHREAD_TID),
             pycode_type: Some(self.types.code),
             image: vec![(IMAGE_BASE, self.image_next)],
+            known,
         }
+    }
+
+    /// Gives every built-in type object its C `tp_name`.
+    fn name_types(&mut self) {
+        let t = &self.types;
+        let named = [
+            (t.code, "code"),
+            (t.str_, "str"),
+            (t.bytes, "bytes"),
+            (t.int, "int"),
+            (t.dict, "dict"),
+            (t.module, "module"),
+            (t.bool_, "bool"),
+            (t.float, "float"),
+            (t.list, "list"),
+            (t.tuple, "tuple"),
+            (t.set, "set"),
+            (t.frozenset, "frozenset"),
+            (t.cell, "cell"),
+        ];
+        for (ty, name) in named {
+            self.set_type_name(ty, name);
+        }
+    }
+
+    /// Writes `name` as a C string and points `tp_name` of `ty` at it.
+    pub fn set_type_name(&mut self, ty: u64, name: &str) {
+        let s = self.alloc_image(name.len() as u64 + 1);
+        self.write(s, name.as_bytes());
+        self.w64(ty + self.layout.types.tp_name, s);
     }
 
     fn alloc_in(next: &mut u64, mem: &mut ImageMemory, size: u64) -> u64 {
@@ -332,7 +423,7 @@ impl ImageBuilder {
         self.write(addr, &v.to_le_bytes());
     }
 
-    fn object(&mut self, size: u64, ty: u64) -> u64 {
+    pub(super) fn object(&mut self, size: u64, ty: u64) -> u64 {
         let a = self.alloc(size);
         self.w64(a + self.layout.object.ob_type, ty);
         a
@@ -482,7 +573,7 @@ impl ImageBuilder {
         copy
     }
 
-    fn mem_u64(&mut self, addr: u64) -> u64 {
+    pub(super) fn mem_u64(&mut self, addr: u64) -> u64 {
         let b = self.mem.bytes_mut(addr, 8).expect("inside an object");
         u64::from_le_bytes(b.try_into().unwrap_or_default())
     }
@@ -664,7 +755,7 @@ impl ImageBuilder {
         a
     }
 
-    fn dict_object(&mut self, kind: u8, items: &[(u64, u64)]) -> u64 {
+    pub(super) fn dict_object(&mut self, kind: u8, items: &[(u64, u64)]) -> u64 {
         let (keys, values): (Vec<u64>, Vec<u64>) = items.iter().copied().unzip();
         let k = self.keys_object(kind, &keys, Some(&values));
         let d = self.layout.dict.clone();
@@ -693,7 +784,7 @@ impl ImageBuilder {
         }
         let a = self.object(l.ob_digit + 4 * digits.len().max(1) as u64, self.types.int);
         let sign = u64::from(v == 0);
-        let size = if l.tagged {
+        let size = if l.form == super::layout::LongForm::Tag {
             ((digits.len() as u64) << 3) | sign
         } else {
             digits.len() as u64

@@ -1,7 +1,8 @@
 //! Thread names from `threading._active`.
 //!
-//! Owns: a bounded reader of dicts (≤ 3.10 sized keys; 3.11+ combined, split and
-//! inline-values), ints (`ob_size` or `lv_tag`) and instance attributes — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
+//! Owns: a bounded reader of instance attributes (≤ 3.10 `tp_dictoffset` dicts, 3.11+
+//! managed dicts: combined, split and inline values; dicts and ints are read through
+//! `objects`) — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
 //! → `{ident: Thread}` → `Thread._name`.
 //! Input: a [`Ctx`] and an interpreter address. Output: `pthread_t` → name.
 //! Constraints: every count is capped ([`MAX_DICT_ENTRIES`], names ≤ [`MAX_NAME_CHARS`] chars);
@@ -15,8 +16,9 @@
 use std::collections::HashMap;
 
 use super::code::Ctx;
-use super::layout::{DictKeys, ManagedDict};
-use super::memory::{MemError, field_u64};
+use super::layout::ManagedDict;
+use super::memory::MemError;
+use super::objects::{ObjError, dict_entries, keys_entries, read_u64_int};
 use super::unicode::{StrError, read_str};
 
 /// Entries read from one dict (sys.modules of a large program has a few thousand).
@@ -24,11 +26,6 @@ pub const MAX_DICT_ENTRIES: u64 = 1 << 16;
 pub const MAX_NAME_CHARS: usize = 256;
 /// `Py_TPFLAGS_INLINE_VALUES` (3.13+).
 const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
-/// `PyDictKeysObject` header (3.11+): `dk_refcnt`, `dk_log2_size`, `dk_log2_index_bytes` @9,
-/// `dk_kind` @10, `dk_version`, `dk_usable`, `dk_nentries` @24; indices @32 (all builds).
-const DK_HEADER: u64 = 32;
-/// ≤ 3.10: `dk_refcnt`, `dk_size`, `dk_lookup`, `dk_usable`, `dk_nentries`; indices @40.
-const DK_HEADER_SIZED: u64 = 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -40,6 +37,15 @@ pub enum NameError {
     Missing(&'static str),
 }
 
+impl From<ObjError> for NameError {
+    fn from(e: ObjError) -> NameError {
+        match e {
+            ObjError::Memory(m) => NameError::Memory(m),
+            ObjError::Invalid { what, addr } => NameError::Invalid { what, addr },
+        }
+    }
+}
+
 impl From<StrError> for NameError {
     fn from(e: StrError) -> NameError {
         match e {
@@ -49,88 +55,36 @@ impl From<StrError> for NameError {
     }
 }
 
-/// `(key, value)` pairs of a dict keys table with optional split values.
+/// `(key, value)` pairs of a dict keys table with optional split values; more than `max`
+/// entries is implausible here (an error).
 fn keys_items(
     ctx: Ctx<'_>,
     keys: u64,
     values: Option<u64>,
     max: u64,
 ) -> Result<Vec<(u64, u64)>, NameError> {
-    let mem = ctx.mem;
-    let bad = |what| NameError::Invalid { what, addr: keys };
-    let (nentries, entries, kind) = match ctx.layout.dict.keys {
-        DictKeys::Log2 => {
-            let head = mem.read_vec(keys, DK_HEADER as usize)?;
-            let log2_index_bytes = u32::from(head[9]);
-            let kind = head[10];
-            let nentries = field_u64(&head, 24).ok_or(bad("dk_nentries"))?;
-            if log2_index_bytes > 32 || kind > 2 {
-                return Err(bad("implausible dict keys"));
-            }
-            let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
-            (nentries, entries, kind)
-        }
-        DictKeys::Sized => {
-            // `dk_size` @8 (a power of two), `dk_nentries` @32, indices @40, each 1, 2, 4 or
-            // 8 bytes wide as `dk_size` needs (`DK_IXSIZE` in `Objects/dictobject.c`).
-            let head = mem.read_vec(keys, DK_HEADER_SIZED as usize)?;
-            let size = field_u64(&head, 8).ok_or(bad("dk_size"))?;
-            let nentries = field_u64(&head, 32).ok_or(bad("dk_nentries"))?;
-            if !size.is_power_of_two() || size > 1 << 32 {
-                return Err(bad("implausible dict keys"));
-            }
-            let ix = match size {
-                0..=0xff => 1,
-                0x100..=0xffff => 2,
-                0x1_0000..=0xffff_ffff => 4,
-                _ => 8,
-            };
-            (nentries, keys.wrapping_add(DK_HEADER_SIZED + size * ix), 0)
-        }
-    };
-    if nentries > max.min(MAX_DICT_ENTRIES) {
-        return Err(bad("implausible dict keys"));
+    let max = max.min(MAX_DICT_ENTRIES);
+    let e = keys_entries(ctx, keys, values, usize::MAX, max)?;
+    if e.nentries > max {
+        return Err(NameError::Invalid {
+            what: "implausible dict keys",
+            addr: keys,
+        });
     }
-    // Kind 0 (general): {hash, key, value}; kinds 1/2 (unicode keys): {key, value}.
-    let (size, key_off, value_off) = if kind == 0 {
-        (24u64, 8u64, 16u64)
-    } else {
-        (16, 0, 8)
-    };
-    let raw = mem.read_vec(entries, (nentries * size) as usize)?;
-    let split = match values {
-        Some(v) => Some(mem.read_vec(
-            v.wrapping_add(ctx.layout.dict.values_array),
-            (nentries * 8) as usize,
-        )?),
-        None => None,
-    };
-    let mut out = Vec::new();
-    for ix in 0..nentries {
-        let key = field_u64(&raw, ix * size + key_off).unwrap_or(0);
-        let value = match &split {
-            Some(s) => field_u64(s, ix * 8).unwrap_or(0),
-            None => field_u64(&raw, ix * size + value_off).unwrap_or(0),
-        };
-        if key != 0 && value != 0 {
-            out.push((key, value));
-        }
-    }
-    Ok(out)
+    Ok(e.items)
 }
 
 /// Items of the dict object at `dict`.
 fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, NameError> {
-    let d = &ctx.layout.dict;
-    let keys = ctx.mem.read_u64(dict.wrapping_add(d.ma_keys))?;
-    let values = ctx.mem.read_u64(dict.wrapping_add(d.ma_values))?;
-    if keys == 0 {
+    let max = max.min(MAX_DICT_ENTRIES);
+    let e = dict_entries(ctx, dict, usize::MAX, max)?;
+    if e.nentries > max {
         return Err(NameError::Invalid {
-            what: "NULL ma_keys",
+            what: "implausible dict keys",
             addr: dict,
         });
     }
-    keys_items(ctx, keys, (values != 0).then_some(values), max)
+    Ok(e.items)
 }
 
 fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Result<u64, NameError> {
@@ -141,37 +95,6 @@ fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Resul
         }
     }
     Err(NameError::Missing(name))
-}
-
-/// A non-negative `int` that fits in 64 bits (`threading.get_ident()` values).
-fn read_u64_int(ctx: Ctx<'_>, addr: u64) -> Result<u64, NameError> {
-    let l = &ctx.layout.long;
-    let tag = ctx.mem.read_u64(addr.wrapping_add(l.lv_tag))?;
-    // 3.12+ `lv_tag`: `ndigits << 3 | sign` (2: negative); ≤ 3.11 `ob_size`: the signed
-    // digit count.
-    let (ndigits, negative) = if l.tagged {
-        (tag >> 3, tag & 3 == 2)
-    } else {
-        let n = tag as i64;
-        (n.unsigned_abs(), n < 0)
-    };
-    if negative || ndigits > 3 {
-        return Err(NameError::Invalid {
-            what: "not a small non-negative int",
-            addr,
-        });
-    }
-    let digits = ctx
-        .mem
-        .read_vec(addr.wrapping_add(l.ob_digit), (ndigits * 4) as usize)?;
-    let mut v: u128 = 0;
-    for (i, d) in digits.chunks_exact(4).enumerate() {
-        v |= u128::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]) & 0x3fff_ffff) << (30 * i);
-    }
-    u64::try_from(v).map_err(|_| NameError::Invalid {
-        what: "int wider than 64 bits",
-        addr,
-    })
 }
 
 /// The attribute `name` of a heap-type instance (its managed dict, or ≤ 3.10 its

@@ -1,7 +1,8 @@
 //! `str` and `bytes` objects of the target.
 //!
 //! Owns: decoding `PyUnicodeObject` (kinds 1/2/4; compact ASCII, compact non-ASCII and legacy
-//! non-compact strings; the free-threaded state layout) and reading `PyBytesObject` payloads.
+//! non-compact strings; the free-threaded state layout) into a `String` or into code points
+//! (surrogates kept, for `repr`), and reading `PyBytesObject` payloads (whole or a prefix).
 //! Input: an object address and the [`RuntimeLayout`]. Output: a Rust `String` / `Vec<u8>`.
 //! Constraints: lengths come from the target: a string longer than `max_chars` is cut (with a
 //! "…" marker), a negative or absurd length or an unknown kind is an error; reads are bounded
@@ -57,6 +58,25 @@ pub fn read_str(
     addr: u64,
     max_chars: usize,
 ) -> Result<String, StrError> {
+    let (cps, length) = read_code_points(mem, layout, addr, max_chars)?;
+    let mut s: String = cps
+        .iter()
+        .map(|&c| char::from_u32(c).unwrap_or('\u{fffd}'))
+        .collect();
+    if (cps.len() as u64) < length {
+        s.push('…');
+    }
+    Ok(s)
+}
+
+/// The first `max_chars` code points of the `str` at `addr` (lone surrogates included, as
+/// they are stored), and the string's whole length.
+pub fn read_code_points(
+    mem: &dyn ReadMemory,
+    layout: &RuntimeLayout,
+    addr: u64,
+    max_chars: usize,
+) -> Result<(Vec<u32>, u64), StrError> {
     let u = &layout.unicode;
     let bad = |why| StrError::Invalid { addr, why };
     if addr == 0 {
@@ -87,25 +107,18 @@ pub fn read_str(
     };
     let n = (length as usize).min(max_chars);
     let bytes = mem.read_vec(data, n * st.kind as usize)?;
-    let mut s: String = match st.kind {
-        1 => bytes.iter().map(|&b| char::from(b)).collect(),
+    let cps = match st.kind {
+        1 => bytes.iter().map(|&b| u32::from(b)).collect(),
         2 => bytes
             .chunks_exact(2)
-            .map(|c| {
-                char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]]))).unwrap_or('\u{fffd}')
-            })
+            .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
             .collect(),
         _ => bytes
             .chunks_exact(4)
-            .map(|c| {
-                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
-            })
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
     };
-    if (n as u64) < length {
-        s.push('…');
-    }
-    Ok(s)
+    Ok((cps, length))
 }
 
 /// Reads the payload of the `bytes` object at `addr`; longer than `max_len` is an error.
@@ -127,6 +140,28 @@ pub fn read_bytes(
         });
     }
     Ok(mem.read_vec(addr.wrapping_add(b.ob_sval), len as usize)?)
+}
+
+/// The first `max_len` bytes of the `bytes` object at `addr`, and its whole length.
+pub fn read_bytes_prefix(
+    mem: &dyn ReadMemory,
+    layout: &RuntimeLayout,
+    addr: u64,
+    max_len: usize,
+) -> Result<(Vec<u8>, u64), StrError> {
+    let b = &layout.bytes;
+    if addr == 0 {
+        return Err(StrError::Invalid { addr, why: "NULL" });
+    }
+    let len = mem.read_u64(addr.wrapping_add(b.ob_size))?;
+    if len > MAX_PLAUSIBLE_LEN {
+        return Err(StrError::Invalid {
+            addr,
+            why: "implausible bytes length",
+        });
+    }
+    let n = (len as usize).min(max_len);
+    Ok((mem.read_vec(addr.wrapping_add(b.ob_sval), n)?, len))
 }
 
 #[cfg(test)]

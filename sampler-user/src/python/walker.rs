@@ -19,9 +19,11 @@ use super::PyFrame;
 use super::code::{CodeCache, Ctx, resolve};
 use super::errors::{ErrorCounts, ErrorKind, PyError};
 use super::layout::HoldsGil;
+use super::locals::{Local, frame_locals};
 use super::memory::{MemError, field_u8, field_u32, field_u64};
+use super::values::ValueLimits;
 
-/// Caps of one snapshot.
+/// Caps of one snapshot, and what to read besides the frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Python frames kept per thread; deeper stacks are cut and marked truncated.
@@ -29,6 +31,8 @@ pub struct Limits {
     /// Thread states read per interpreter.
     pub max_threads: usize,
     pub max_interpreters: usize,
+    /// Read every frame's arguments and locals, with these caps (`dump --locals`).
+    pub locals: Option<ValueLimits>,
 }
 
 impl Default for Limits {
@@ -37,8 +41,30 @@ impl Default for Limits {
             max_depth: 4096,
             max_threads: 4096,
             max_interpreters: 64,
+            locals: None,
         }
     }
+}
+
+/// One element of a captured frame chain, innermost first: a Python frame (index into the
+/// frames) or an entry frame (owner ≥ 3), which delimits one eval-loop activation (`merge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainItem {
+    Frame(u32),
+    Entry,
+}
+
+/// A walked frame chain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WalkedFrames {
+    /// Python frames, innermost first.
+    pub frames: Vec<PyFrame>,
+    /// The chain with its entry frames.
+    pub items: Vec<ChainItem>,
+    /// Per frame (same index) its arguments and locals, when asked for; else empty.
+    pub locals: Vec<Vec<Local>>,
+    /// The chain was cut (depth cap, loop or unreadable frame).
+    pub truncated: bool,
 }
 
 /// One thread state as read.
@@ -49,6 +75,10 @@ pub struct RawThread {
     pub thread_id: u64,
     /// Innermost first.
     pub frames: Vec<PyFrame>,
+    /// The chain with its entry frames (for the native merge).
+    pub items: Vec<ChainItem>,
+    /// Per frame its arguments and locals, when [`Limits::locals`] asks for them.
+    pub locals: Vec<Vec<Local>>,
     pub truncated: bool,
     /// `holds_gil` of the thread state (3.13+).
     pub holds_gil: Option<bool>,
@@ -181,7 +211,7 @@ fn walk_threads(
             HoldsGil::Int { offset } => field_u32(&buf, offset).map(|w| w != 0),
         };
         let attached = t.state.and_then(|off| field_u32(&buf, off)).map(|s| s == 1);
-        let (frames, truncated) = walk_frames(ctx, frame, cache, counts, limits.max_depth)?;
+        let walked = walk_frames_with(ctx, frame, cache, counts, limits)?;
         let thread_id = f64_(t.thread_id);
         let native_thread_id = match t.native_thread_id {
             Some(off) => f64_(off),
@@ -191,8 +221,10 @@ fn walk_threads(
             tstate: ts,
             native_thread_id,
             thread_id,
-            frames,
-            truncated,
+            frames: walked.frames,
+            items: walked.items,
+            locals: walked.locals,
+            truncated: walked.truncated,
             holds_gil,
             attached,
         });
@@ -266,31 +298,52 @@ pub fn walk_frames(
     counts: &mut ErrorCounts,
     max_depth: usize,
 ) -> Result<(Vec<PyFrame>, bool), PyError> {
+    let limits = Limits {
+        max_depth,
+        ..Limits::default()
+    };
+    let w = walk_frames_with(ctx, first, cache, counts, limits)?;
+    Ok((w.frames, w.truncated))
+}
+
+/// Follows `previous` from `first`, keeping entry frames and, when `limits.locals` asks for
+/// them, every Python frame's arguments and locals (read right after the frame itself).
+pub fn walk_frames_with(
+    ctx: Ctx<'_>,
+    first: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Result<WalkedFrames, PyError> {
     let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
     let f = &l.frame;
+    let max_depth = limits.max_depth;
     let mut buf = vec![0u8; f.size as usize];
-    let mut frames = Vec::new();
+    let mut out = WalkedFrames::default();
     let mut seen = HashSet::new();
     // Entry frames interleave with Python frames (one per C→Python call at most).
     let max_steps = max_depth.saturating_mul(2).saturating_add(64);
     let mut addr = first;
     let mut steps = 0usize;
     while addr != 0 {
-        if frames.len() >= max_depth || steps >= max_steps {
+        if out.frames.len() >= max_depth || steps >= max_steps {
             counts.add(ErrorKind::DepthTruncated);
-            return Ok((frames, true));
+            out.truncated = true;
+            return Ok(out);
         }
         steps += 1;
         if !seen.insert(addr) {
             counts.add(ErrorKind::FrameLoop);
-            return Ok((frames, true));
+            out.truncated = true;
+            return Ok(out);
         }
         if let Err(e) = mem.read(addr, &mut buf) {
             if let Some(fatal) = fatal(pid, e) {
                 return Err(fatal);
             }
             counts.add(ErrorKind::MemoryRead);
-            return Ok((frames, true));
+            out.truncated = true;
+            return Ok(out);
         }
         let previous = field_u64(&buf, f.previous).unwrap_or(0);
         let owner = f.owner.map_or(Some(0), |o| field_u8(&buf, o));
@@ -305,14 +358,23 @@ pub fn walk_frames(
                 None => counts.add(ErrorKind::BadExecutable),
                 Some(code) => match resolve(ctx, cache, counts, code, instr, tlbc) {
                     Ok(r) if r.is_init_shim => {}
-                    Ok(r) => frames.push(r.frame),
+                    Ok(r) => {
+                        if let Some(v) = limits.locals {
+                            out.locals
+                                .push(frame_locals(ctx, cache, addr, code, v, counts));
+                        }
+                        out.items.push(ChainItem::Frame(out.frames.len() as u32));
+                        out.frames.push(r.frame);
+                    }
                     Err(e) => counts.add(e.kind()),
                 },
             }
+        } else {
+            out.items.push(ChainItem::Entry);
         }
         addr = previous;
     }
-    Ok((frames, false))
+    Ok(out)
 }
 
 #[cfg(test)]

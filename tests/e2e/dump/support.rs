@@ -300,7 +300,15 @@ pub fn assert_frames(what: &str, got: &[Frame], expected: &[Frame]) {
 
 /// `pyebpf dump -p PID --json`: asserts exit 0, checks the contract's shape, returns the JSON.
 pub fn dump_json(pid: u32) -> Value {
-    let out = run(&mut pyebpf(&["dump", "-p", &pid.to_string(), "--json"]));
+    dump_json_with(pid, &[])
+}
+
+/// `pyebpf dump -p PID --json ARGS…` (e.g. `--locals`), checked like [`dump_json`].
+pub fn dump_json_with(pid: u32, args: &[&str]) -> Value {
+    let p = pid.to_string();
+    let mut all = vec!["dump", "-p", &p, "--json"];
+    all.extend_from_slice(args);
+    let out = run(&mut pyebpf(&all));
     let stdout = String::from_utf8(out.stdout.clone())
         .unwrap_or_else(|e| panic!("dump --json -p {pid}: stdout is not UTF-8: {e}"));
     assert!(
@@ -421,12 +429,20 @@ pub fn check_schema(v: &Value, pid: u32) {
             .as_array()
             .unwrap_or_else(|| panic!("{what}: frames not an array"))
         {
-            keys(
-                f,
-                &["function", "file", "line", "first_line"],
-                &format!("{what}: frame"),
-            );
+            let fields: &[&str] = if f.get("locals").is_some() {
+                &["function", "file", "line", "first_line", "locals"]
+            } else {
+                &["function", "file", "line", "first_line"]
+            };
+            keys(f, fields, &format!("{what}: frame"));
             Frame::from_json(f);
+            for l in f["locals"].as_array().map_or(&[][..], Vec::as_slice) {
+                keys(l, &["name", "arg", "value"], &format!("{what}: local"));
+                assert!(
+                    l["name"].is_string() && l["arg"].is_boolean() && l["value"].is_string(),
+                    "{what}: local {l}"
+                );
+            }
         }
     }
 }
