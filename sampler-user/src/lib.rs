@@ -20,6 +20,7 @@
 
 pub mod collect;
 pub mod config;
+pub mod lru;
 pub mod merge;
 pub mod output;
 pub mod preflight;

@@ -14,6 +14,8 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::printable::printable;
+
 use super::locals::Local;
 use super::values::ValueLimits;
 use super::walker::Limits;
@@ -220,7 +222,7 @@ fn write_text(
         out,
         "Process {}: {} (Python {v}{ft})",
         proc.pid(),
-        cmdline(proc.pid())
+        printable(&cmdline(proc.pid()))
     )?;
     for t in threads {
         let tid = t.host_tid.map_or_else(
@@ -231,14 +233,16 @@ fn write_text(
         writeln!(
             out,
             "Thread {tid} ({}) [{}]",
-            t.name.as_deref().unwrap_or("?"),
+            printable(t.name.as_deref().unwrap_or("?")),
             gil_text(t)
         )?;
+        // Names come from the target: printable, never terminal commands or forged lines.
         for (i, f) in t.frames.iter().enumerate() {
+            let (function, file) = (printable(&f.function), printable(&f.file));
             if f.line >= 0 {
-                writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+                writeln!(out, "    {function} ({file}:{})", f.line)?;
             } else {
-                writeln!(out, "    {} ({})", f.function, f.file)?;
+                writeln!(out, "    {function} ({file})")?;
             }
             if let Some(locals) = t.locals.get(i) {
                 write_locals(locals, out)?;
@@ -269,12 +273,7 @@ fn write_locals(locals: &[Local], out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(out, "        {title}:")?;
         for l in group {
             // Values are `repr()`s (no control characters); names come from the target.
-            let name: String = l
-                .name
-                .chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect();
-            writeln!(out, "            {name} = {}", l.value)?;
+            writeln!(out, "            {} = {}", printable(&l.name), l.value)?;
         }
     }
     Ok(())

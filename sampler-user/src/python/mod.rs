@@ -12,7 +12,7 @@
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
 //! `/work/shared/docs/cpython-layouts.md`.
 //!
-//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout`,
+//! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
 //! `walker` (interpreters → threads → frames) · `code` (code cache, line resolution) ·
 //! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `dump` (the `dump` command).
@@ -56,6 +56,9 @@ mod walker_tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::lru::Lru;
+use crate::procs::FileId;
 
 pub use code::{CodeCache, Ctx, Target};
 pub use detect::Detected;
@@ -114,9 +117,9 @@ pub struct PyThread {
     pub attached: Option<bool>,
 }
 
-/// What is cached per interpreter file (device, inode): its version and layout.
-type LayoutCache = Mutex<HashMap<(u64, u64), (PyVersion, Arc<RuntimeLayout>)>>;
-static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// What is cached per interpreter file: its version and layout.
+type LayoutCache = Mutex<Lru<FileId, (PyVersion, Arc<RuntimeLayout>)>>;
+static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(Lru::new(1024)));
 
 /// One attached target: its layout, runtime address and caches.
 pub struct PythonProcess {
@@ -181,16 +184,20 @@ fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersio
 }
 
 /// Versions read from `.bss`, per interpreter file (device, inode).
-static BSS_VERSIONS: LazyLock<Mutex<HashMap<(u64, u64), PyVersion>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+static BSS_VERSIONS: LazyLock<Mutex<Lru<FileId, PyVersion>>> =
+    LazyLock::new(|| Mutex::new(Lru::new(1024)));
 /// Most `.bss` bytes searched for the version string.
 const MAX_BSS: u64 = 16 << 20;
 
 /// The version in the buffer `Py_GetVersion()` fills at start-up (`static char
 /// version[250]` in `Python/getversion.c`: "3.9.18 (main, …) \n[GCC …]", in `.bss`).
 fn bss_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
-    let key = (d.dev, d.inode);
-    if let Some(v) = BSS_VERSIONS.lock().ok().and_then(|c| c.get(&key).copied()) {
+    let key = d.file.clone();
+    if let Some(v) = BSS_VERSIONS
+        .lock()
+        .ok()
+        .and_then(|mut c| c.get(&key).copied())
+    {
         return Ok(v);
     }
     let Some((start, size)) = d.bss else {
@@ -374,8 +381,8 @@ fn layout_for(
     d: &Detected,
     version: PyVersion,
 ) -> Result<Arc<RuntimeLayout>, PyError> {
-    let key = (d.dev, d.inode);
-    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned())
+    let key = &d.file;
+    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
         && v == version
     {
         return Ok(l);
@@ -403,10 +410,7 @@ fn layout_for(
     }
     let layout = Arc::new(layout);
     if let Ok(mut c) = LAYOUTS.lock() {
-        if c.len() > 1024 {
-            c.clear();
-        }
-        c.insert(key, (version, Arc::clone(&layout)));
+        c.insert(key.clone(), (version, Arc::clone(&layout)));
     }
     Ok(layout)
 }
