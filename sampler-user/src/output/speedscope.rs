@@ -26,7 +26,11 @@ impl Renderer for Speedscope {
             br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":["#,
         )?;
         for (i, f) in profile.frames().iter().enumerate() {
-            out.write_all(if i == 0 { b"{\"name\":" } else { b",{\"name\":" })?;
+            out.write_all(if i == 0 {
+                b"{\"name\":"
+            } else {
+                b",{\"name\":"
+            })?;
             string(out, &f.label())?;
             if let Some(file) = f.file.as_deref().or(f.module.as_deref()) {
                 out.write_all(b",\"file\":")?;
@@ -58,14 +62,10 @@ impl Renderer for Speedscope {
             let start = first.time_ns;
             let end = samples[idx[idx.len() - 1] as usize].time_ns + period_ns;
             // The last sample's root frame names the profile (`comm (pid)`).
-            let name = idx
-                .iter()
-                .rev()
-                .find_map(|&i| root_of(i).0)
-                .map_or_else(
-                    || format!("{} ({pid})", first.comm),
-                    |r| profile.frame(r).name.to_string(),
-                );
+            let name = idx.iter().rev().find_map(|&i| root_of(i).0).map_or_else(
+                || format!("{} ({pid})", first.comm),
+                |r| profile.frame(r).name.to_string(),
+            );
             out.write_all(if n == 0 { b"{" } else { b",{" })?;
             out.write_all(br#""type":"sampled","name":"#)?;
             string(out, &name)?;
