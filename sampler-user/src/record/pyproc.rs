@@ -145,7 +145,7 @@ pub struct PyProc {
     threads_read_at: Option<Instant>,
 }
 
-/// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (cpython-layouts §3.4): dropped.
+/// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (docs/cpython-layouts.md §3.4): dropped.
 fn is_init_shim(f: &PyFrame) -> bool {
     f.first_line == 0 && f.line == -1 && f.function == "__init__" && f.file == "__init__"
 }
