@@ -509,6 +509,17 @@ fn gil_layout(t: &Table<'_>, ft: bool) -> Result<GilLayout, PyError> {
 }
 
 impl RuntimeLayout {
+    /// The layout family, as the kernel walk sees it (for the `PYEBPF_STATS` report): how a
+    /// thread state leads to its frames and what a frame is.
+    pub fn family(&self) -> &'static str {
+        match (self.frame.instr, self.tstate.cframe_current_frame) {
+            (InstrKind::Lasti { .. }, _) => "PyFrameObject chain, pthread_t match",
+            (_, Some(_)) if self.frame.is_entry.is_some() => "cframe, is_entry",
+            (_, Some(_)) => "cframe, entry frames",
+            _ => "current_frame, entry frames",
+        }
+    }
+
     /// Builds the layout of `version` from the bytes of its `_Py_DebugOffsets` (ignored for
     /// 3.12). Checks the cookie, that the header agrees with `version`, and every bound.
     pub fn build(version: PyVersion, debug_offsets: &[u8]) -> Result<RuntimeLayout, PyError> {

@@ -86,6 +86,8 @@ pub struct PyProcStats {
     pub comm: String,
     /// "3.12", "3.13t", …
     pub version: String,
+    /// [`crate::python::RuntimeLayout::family`].
+    pub family: &'static str,
     /// Samples of the process since it was attached.
     pub samples: u64,
     /// Samples whose whole Python stack was captured and resolved.
@@ -164,6 +166,7 @@ impl PyProc {
         let stats = PyProcStats {
             comm,
             version: l.version.short(),
+            family: l.family(),
             ..PyProcStats::default()
         };
         PyProc {
