@@ -22,7 +22,7 @@ use super::linetable::line_at;
 use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
 use super::objects::KnownObjects;
-use super::unicode::{StrError, read_bytes, read_str};
+use super::unicode::{StrError, read_bytes_typed, read_str_typed};
 
 pub const MAX_NAME_CHARS: usize = 1024;
 pub const MAX_FILE_CHARS: usize = 4096;
@@ -57,11 +57,26 @@ impl From<StrError> for CodeError {
     fn from(e: StrError) -> CodeError {
         match e {
             StrError::Memory(m) => CodeError::Memory(m),
-            StrError::Invalid { addr, .. } => CodeError::Bad {
+            StrError::Invalid { addr, .. } | StrError::WrongType { addr, .. } => CodeError::Bad {
                 addr,
                 what: "string field",
             },
         }
+    }
+}
+
+/// What a code object's name or file reads as when it points at an object of another type.
+pub const INVALID_NAME: &str = "<invalid>";
+
+/// `read`'s value; a field of the wrong type is `invalid` (and `wrong` is set): a corrupted
+/// object never turns into garbage text.
+fn typed_field<T>(read: Result<T, StrError>, invalid: T, wrong: &mut bool) -> Result<T, CodeError> {
+    match read {
+        Err(StrError::WrongType { .. }) => {
+            *wrong = true;
+            Ok(invalid)
+        }
+        other => Ok(other?),
     }
 }
 
@@ -88,6 +103,9 @@ pub struct CodeInfo {
     /// The object lives inside the interpreter's own ELF image (static code, e.g. the
     /// `__init__` shim `_Py_InitCleanup`).
     pub in_image: bool,
+    /// A name, file or line table pointed at an object of another type (shown as
+    /// [`INVALID_NAME`]); counted as `wrong_type` on every use.
+    pub wrong_type: bool,
     fingerprint: Fingerprint,
 }
 
@@ -203,11 +221,25 @@ impl CodeCache {
             }
             counts.add(ErrorKind::CodeCacheStale);
         }
+        let mut wrong_type = false;
         let info = Arc::new(CodeInfo {
-            qualname: read_str(mem, layout, fp.qualname, MAX_NAME_CHARS)?,
-            filename: read_str(mem, layout, fp.filename, MAX_FILE_CHARS)?,
+            qualname: typed_field(
+                read_str_typed(ctx, fp.qualname, MAX_NAME_CHARS),
+                INVALID_NAME.to_string(),
+                &mut wrong_type,
+            )?,
+            filename: typed_field(
+                read_str_typed(ctx, fp.filename, MAX_FILE_CHARS),
+                INVALID_NAME.to_string(),
+                &mut wrong_type,
+            )?,
             firstlineno: fp.firstlineno as i32,
-            linetable: read_bytes(mem, layout, fp.linetable, MAX_LINETABLE)?,
+            linetable: typed_field(
+                read_bytes_typed(ctx, fp.linetable, MAX_LINETABLE),
+                Vec::new(),
+                &mut wrong_type,
+            )?,
+            wrong_type,
             code_units: fp.ob_size,
             in_image: target.in_image(addr),
             fingerprint: fp,
@@ -274,6 +306,9 @@ pub fn resolve(
 ) -> Result<Resolved, CodeError> {
     let layout = ctx.layout;
     let info = cache.get(ctx, code_addr, counts)?;
+    if info.wrong_type {
+        counts.add(ErrorKind::WrongType);
+    }
     let base = bytecode_base(ctx.mem, layout, code_addr, tlbc_index, counts);
     // 3.12 `prev_instr` is the last executed unit (`base - 2` before the first one): the byte
     // offset is used as is, like `_PyInterpreterFrame_LASTI` * 2 (§3.3).
@@ -348,5 +383,37 @@ mod tests {
         ));
         cache.set_generation(1);
         assert!(cache.is_empty());
+    }
+
+    /// A name pointing at an object of another type reads `<invalid>` and is counted on
+    /// every use, never decoded (issue 15).
+    #[test]
+    fn names_of_the_wrong_type_are_invalid_and_counted() {
+        for flavor in Flavor::ALL {
+            let mut b = ImageBuilder::new(flavor);
+            let code = b.code(&CodeSpec::simple("f", "/a.py", 10, &[(10, 4), (11, 4)]));
+            let not_a_str = b.bytes_object(b"\x1b]0;garbage\x07");
+            let (layout, target) = (b.layout().clone(), b.target());
+            let mut mem = b.memory();
+            for field in [layout.code.qualname, layout.code.filename] {
+                mem.bytes_mut(code + field, 8)
+                    .unwrap()
+                    .copy_from_slice(&not_a_str.to_le_bytes());
+            }
+            let ctx = Ctx {
+                mem: &mem,
+                layout: &layout,
+                target: &target,
+            };
+            let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
+            let base = code + layout.code.code_adaptive;
+            for _ in 0..3 {
+                let r = resolve(ctx, &mut cache, &mut counts, code, base + 2, 0).unwrap();
+                assert_eq!(r.frame.function, INVALID_NAME, "{flavor:?}");
+                assert_eq!(r.frame.file, INVALID_NAME, "{flavor:?}");
+                assert_eq!(r.frame.line, 10, "the line table is still read");
+            }
+            assert_eq!(counts.get(ErrorKind::WrongType), 3, "{flavor:?}");
+        }
     }
 }
