@@ -39,6 +39,9 @@ pub enum DumpError {
     Write(#[from] std::io::Error),
     #[error("cannot encode the dump as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// `--locals` on a CPython without `co_localsplusnames` (before 3.11).
+    #[error("dump --locals needs CPython 3.11 or newer (pid {pid} runs {version})")]
+    LocalsUnsupported { pid: u32, version: String },
 }
 
 #[derive(Serialize)]
@@ -125,6 +128,12 @@ fn cmdline(pid: u32) -> String {
 /// Attaches to `opts.pid`, takes one snapshot and writes it to `out`.
 pub fn run(opts: &DumpOptions, out: &mut dyn Write) -> Result<(), DumpError> {
     let mut proc = PythonProcess::attach(opts.pid)?;
+    if opts.locals.is_some() && proc.layout().code.localsplusnames.is_none() {
+        return Err(DumpError::LocalsUnsupported {
+            pid: opts.pid,
+            version: proc.version().to_string(),
+        });
+    }
     proc.set_limits(Limits {
         locals: opts.locals,
         ..proc.limits()
