@@ -146,23 +146,31 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
         .map(|s| (s.addr, s.size));
     let mut wanted: Vec<&[u8]> = vec![b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
     wanted.extend(KNOWN_SYMBOLS.iter().map(|(name, _)| name.as_bytes()));
-    // After the known objects: `PyFrame_Type`, `Py_GetVersion`, `_thread_db_pthread_tid`.
+    // After the known objects: `PyFrame_Type`, `Py_GetVersion`, `_thread_db_pthread_tid`,
+    // `pthread_create`.
     let extra = wanted.len();
     wanted.extend([
         &b"PyFrame_Type"[..],
         b"Py_GetVersion",
         b"_thread_db_pthread_tid",
+        b"pthread_create",
     ]);
     let mut syms: Vec<Option<(u64, u64)>> = vec![None; wanted.len()];
     for kind in [SymbolTableKind::Dynamic, SymbolTableKind::Static] {
         // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`;
-        // `Py_GetVersion` and the glibc descriptor are exported, never only in `.symtab`).
+        // `Py_GetVersion` is always exported).
         let found = runtime.is_some() || syms[0].is_some();
         let settled = found && syms[..=extra].iter().all(Option::is_some);
+        // glibc before 2.34 keeps the descriptor as a local symbol of libpthread's `.symtab`
+        // (Debian leaves it there for debuggers): read it in the file that defines
+        // `pthread_create`.
+        let want_tid = syms[extra + 2].is_none() && syms[extra + 3].is_some();
         // Not Python: every CPython since 3.7 has a `.PyRuntime` section or exports
         // `_PyRuntime` (older ones export `Py_GetVersion`, in `.dynsym`), so a file with
         // neither is rejected without reading its `.symtab` (large in big non-Python binaries).
-        if kind == SymbolTableKind::Static && (settled || !found || !elf.has_symtab()) {
+        if kind == SymbolTableKind::Static
+            && ((settled || !found) && !want_tid || !elf.has_symtab())
+        {
             break;
         }
         let table = read_symbols(file, &elf, kind, MAX_TABLE).ok()?;
