@@ -19,7 +19,7 @@ pub const FAKE_KERNEL_RELEASE_ENV: &str = "PYEBPF_TEST_FAKE_KERNEL_RELEASE";
 /// Overrides the BTF path checked by [`check`] (end-to-end tests of the error).
 pub const FAKE_BTF_PATH_ENV: &str = "PYEBPF_TEST_FAKE_BTF_PATH";
 /// Where the kernel exposes its own BTF.
-pub const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+pub const BTF_PATH: &str = crate::collect::btf::VMLINUX_BTF;
 /// Oldest supported kernel: the oldest the kernel matrix (`cargo xtask vm-test`) runs the
 /// tests on, Debian 11's 5.10. (The programs' features all exist from 5.8, the ring buffer;
 /// 5.8 and 5.9 are untested.)

@@ -1,15 +1,31 @@
-//! The one kernel BTF fact the `pyebpf_sample_bounded` variant needs: the byte offset of a
-//! member of a struct (`task_struct.stack`), read from `/sys/kernel/btf/vmlinux`.
+//! Struct member offsets from the kernel's BTF (`/sys/kernel/btf/vmlinux`).
 //!
-//! aya-obj parses BTF but keeps struct members crate-private, so this walks the type section
-//! itself: the format is a header, a type section of `btf_type` records each followed by
-//! kind-specific data, and a string section (docs/kernels.md, "BTF"). Every offset and length
-//! is checked; a malformed file gives `None`, never a panic.
+//! Owns: [`task_fsbase_offset`], the offset of `thread.fsbase` in `struct task_struct`, which
+//! the in-kernel Python walk reads to match a ≤ 3.10 thread state's `pthread_t` (the thread
+//! pointer on x86-64) against the sampled task; and the small bounded BTF reader behind it
+//! ([`member_offset`]).
+//! Input: the BTF blob. Output: a byte offset, or `None` (no BTF, no such member, a bitfield,
+//! malformed data).
+//! Constraints: the blob is read once and parsed without panicking on any input; only what a
+//! member lookup needs is decoded. Format: the kernel's `Documentation/bpf/btf.rst`
+//! (`struct btf_header`, `struct btf_type`, one record per kind). aya reads the same file but
+//! keeps its type table private, hence these few lines.
 
-/// `BTF_MAGIC` (little-endian on disk: `9f eb`).
-const MAGIC: u16 = 0xeb9f;
-/// `btf_type` record size (name_off, info, size/type).
-const TYPE_RECORD: usize = 12;
+use std::sync::LazyLock;
+
+/// Where the running kernel publishes its BTF.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// `thread.fsbase` in `task_struct`, read once per run.
+pub fn task_fsbase_offset() -> Option<u32> {
+    static OFFSET: LazyLock<Option<u32>> = LazyLock::new(|| {
+        let blob = std::fs::read(VMLINUX_BTF).ok()?;
+        member_offset(&blob, "task_struct", &["thread", "fsbase"])
+    });
+    *OFFSET
+}
+
+const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
 const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
@@ -20,171 +36,171 @@ const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
 const KIND_DECL_TAG: u32 = 17;
 const KIND_ENUM64: u32 = 19;
-/// The highest kind this parser knows the layout of (`BTF_KIND_ENUM64`).
-const KIND_MAX: u32 = 19;
 
-/// Byte offset of member `member` of `struct name` in the BTF blob `data`; `None` if the blob
-/// is malformed, uses an unknown kind before the struct, or lacks the struct, the member, or
-/// has it at a non-byte offset (a bitfield).
-pub fn struct_member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
-    let u16_at = |at: usize| Some(u16::from_le_bytes(data.get(at..at + 2)?.try_into().ok()?));
-    let u32_at =
-        |d: &[u8], at: usize| Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?));
-    if u16_at(0)? != MAGIC {
+/// One decoded type record: its kind, name, and (structs and unions) members as (name offset,
+/// type id, bit offset; `None` for a bitfield).
+struct Type {
+    kind: u32,
+    name_off: u32,
+    members: Vec<(u32, u32, Option<u32>)>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+/// Parses the type section into records indexed by type id (id 0 is `void`).
+fn parse(blob: &[u8]) -> Option<(Vec<Type>, &[u8])> {
+    if u16::from_le_bytes(blob.get(0..2)?.try_into().ok()?) != BTF_MAGIC {
         return None;
     }
-    let hdr_len = u32_at(data, 4)? as usize;
-    let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
-    let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
-    let types = data
-        .get(hdr_len.checked_add(type_off)?..)?
-        .get(..type_len)?;
-    let strings = data.get(hdr_len.checked_add(str_off)?..)?.get(..str_len)?;
-    let string = |off: u32| -> Option<&[u8]> {
-        let s = strings.get(off as usize..)?;
-        Some(&s[..s.iter().position(|&b| b == 0)?])
-    };
-    let mut at = 0;
+    let hdr_len = u32_at(blob, 4)? as usize;
+    let (type_off, type_len) = (u32_at(blob, 8)? as usize, u32_at(blob, 12)? as usize);
+    let (str_off, str_len) = (u32_at(blob, 16)? as usize, u32_at(blob, 20)? as usize);
+    let types = blob.get(hdr_len + type_off..hdr_len + type_off + type_len)?;
+    let strings = blob.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
+    let mut out = vec![Type {
+        kind: 0,
+        name_off: 0,
+        members: Vec::new(),
+    }];
+    let mut at = 0usize;
     while at < types.len() {
-        let name_off = u32_at(types, at)?;
-        let info = u32_at(types, at + 4)?;
-        let vlen = (info & 0xffff) as usize;
-        let kind = (info >> 24) & 0x1f;
-        let kind_flag = info >> 31 == 1;
-        let body = at + TYPE_RECORD;
+        let (name_off, info) = (u32_at(types, at)?, u32_at(types, at + 4)?);
+        let (kind, vlen, kind_flag) = ((info >> 24) & 0x1f, (info & 0xffff) as usize, info >> 31);
+        at += 12;
+        let mut members = Vec::new();
         let extra = match kind {
             KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
             KIND_ARRAY => 12,
-            KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => vlen * 12,
-            KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
-            k if k <= KIND_MAX => 0,
-            _ => return None,
-        };
-        if kind == KIND_STRUCT && string(name_off)? == name.as_bytes() {
-            for i in 0..vlen {
-                let m = body + i * 12;
-                if string(u32_at(types, m)?)? == member.as_bytes() {
-                    let raw = u32_at(types, m + 8)?;
-                    // With kind_flag the offset carries a bitfield size in its top byte.
-                    let bits = if kind_flag { raw & 0x00ff_ffff } else { raw };
-                    return (bits % 8 == 0).then_some(bits / 8);
+            KIND_STRUCT | KIND_UNION => {
+                for m in 0..vlen {
+                    let r = at + 12 * m;
+                    let offset = u32_at(types, r + 8)?;
+                    // With `kind_flag`, the offset holds a bitfield size in its top byte.
+                    let bit = if kind_flag == 1 {
+                        (offset >> 24 == 0).then_some(offset & 0xff_ffff)
+                    } else {
+                        Some(offset)
+                    };
+                    members.push((u32_at(types, r)?, u32_at(types, r + 4)?, bit));
                 }
+                12 * vlen
             }
-            // Several structs may share the name (never in vmlinux, but keep looking).
-        }
-        at = body.checked_add(extra)?;
+            KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
+            KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+            _ => 0,
+        };
+        at += extra;
+        out.push(Type {
+            kind,
+            name_off,
+            members,
+        });
     }
-    None
+    Some((out, strings))
+}
+
+fn name(strings: &[u8], off: u32) -> &[u8] {
+    let rest = strings.get(off as usize..).unwrap_or_default();
+    &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())]
+}
+
+/// Byte offset of the member at `path` (nested struct members) in the struct named `outer`.
+pub fn member_offset(blob: &[u8], outer: &str, path: &[&str]) -> Option<u32> {
+    let (types, strings) = parse(blob)?;
+    let mut ty = types
+        .iter()
+        .position(|t| t.kind == KIND_STRUCT && name(strings, t.name_off) == outer.as_bytes())?;
+    let mut bits = 0u32;
+    for part in path {
+        let t = types.get(ty)?;
+        if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
+            return None;
+        }
+        let &(_, member_ty, bit) = t
+            .members
+            .iter()
+            .find(|(n, _, _)| name(strings, *n) == part.as_bytes())?;
+        bits = bits.checked_add(bit?)?;
+        ty = member_ty as usize;
+    }
+    bits.is_multiple_of(8).then_some(bits / 8)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A BTF blob with an int, a pointer, `struct task_struct { int state; void *stack; }` at
-    /// offsets 0 and 16 (bytes), and an unrelated struct of the same member name first.
-    fn blob(kind_flag: bool) -> Vec<u8> {
-        let strings = b"\0int\0task_struct\0state\0stack\0other\0";
-        let pos = |s: &str| {
-            let needle = format!("\0{s}\0");
-            (strings
-                .windows(needle.len())
-                .position(|w| w == needle.as_bytes())
-                .unwrap()
-                + 1) as u32
+    /// A blob with `struct inner { long a; long fsbase; }` and `struct task_struct { int x;
+    /// struct inner thread @ byte 64; }`, built by hand in the documented format.
+    fn blob() -> Vec<u8> {
+        let strings = b"\0inner\0a\0fsbase\0task_struct\0x\0thread\0long\0".to_vec();
+        let off = |s: &str| {
+            strings
+                .windows(s.len() + 2)
+                .position(|w| w[0] == 0 && &w[1..=s.len()] == s.as_bytes() && w[s.len() + 1] == 0)
+                .unwrap() as u32
+                + 1
         };
-        let mut types = Vec::new();
-        let mut push = |words: &[u32]| {
-            for w in words {
-                types.extend_from_slice(&w.to_le_bytes());
-            }
-        };
-        // [1] int: name, info (kind 1), size 4, int data.
-        push(&[pos("int"), KIND_INT << 24, 4, 32]);
-        // [2] ptr to void.
-        push(&[0, 2 << 24, 0]);
-        // [3] struct other { void *stack @ 64 bits }.
-        push(&[pos("other"), KIND_STRUCT << 24 | 1, 16, pos("stack"), 2, 64]);
-        // [4] struct task_struct { int state @ 0; void *stack @ 128 bits }.
-        let flag = if kind_flag { 1 << 31 } else { 0 };
-        push(&[pos("task_struct"), flag | KIND_STRUCT << 24 | 2, 64]);
-        push(&[pos("state"), 1, 0, pos("stack"), 2, 128]);
-        let mut data = Vec::new();
-        data.extend_from_slice(&MAGIC.to_le_bytes());
-        data.extend_from_slice(&[1, 0]); // version, flags
-        let hdr_len = 24u32;
+        let mut t = Vec::new();
+        let mut rec = |words: &[u32]| t.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        // 1: long (INT, 8 bytes, 64 bits)
+        rec(&[off("long"), KIND_INT << 24, 8, 64]);
+        // 2: struct inner { a @0, fsbase @64 bits }
+        rec(&[off("inner"), KIND_STRUCT << 24 | 2, 16]);
+        rec(&[off("a"), 1, 0]);
+        rec(&[off("fsbase"), 1, 64]);
+        // 3: struct task_struct { x @0 (bitfield, kind_flag), thread @512 bits }
+        rec(&[off("task_struct"), 1 << 31 | KIND_STRUCT << 24 | 2, 80]);
+        rec(&[off("x"), 1, 3 << 24]);
+        rec(&[off("thread"), 2, 512]);
+        let mut b = Vec::new();
+        b.extend(BTF_MAGIC.to_le_bytes());
+        b.extend([1u8, 0]);
         for w in [
-            hdr_len,
+            24u32,
             0,
-            types.len() as u32,
-            types.len() as u32,
+            t.len() as u32,
+            t.len() as u32,
             strings.len() as u32,
         ] {
-            data.extend_from_slice(&w.to_le_bytes());
+            b.extend(w.to_le_bytes());
         }
-        data.extend_from_slice(&types);
-        data.extend_from_slice(strings);
-        data
+        b.extend(&t);
+        b.extend(&strings);
+        b
     }
 
     #[test]
-    fn finds_a_member_offset_in_bytes() {
-        for kind_flag in [false, true] {
-            let data = blob(kind_flag);
-            assert_eq!(
-                struct_member_offset(&data, "task_struct", "stack"),
-                Some(16)
-            );
-            assert_eq!(struct_member_offset(&data, "task_struct", "state"), Some(0));
-            assert_eq!(struct_member_offset(&data, "other", "stack"), Some(8));
-            assert_eq!(struct_member_offset(&data, "task_struct", "pid"), None);
-            assert_eq!(struct_member_offset(&data, "mm_struct", "stack"), None);
+    fn nested_member_offsets() {
+        let b = blob();
+        assert_eq!(
+            member_offset(&b, "task_struct", &["thread", "fsbase"]),
+            Some(72)
+        );
+        assert_eq!(member_offset(&b, "task_struct", &["thread"]), Some(64));
+        assert_eq!(member_offset(&b, "task_struct", &["x"]), None, "a bitfield");
+        assert_eq!(member_offset(&b, "task_struct", &["nope"]), None);
+        assert_eq!(member_offset(&b, "nope", &["thread"]), None);
+        // Truncated or garbage blobs give None, never a panic.
+        for cut in 0..b.len() {
+            let _ = member_offset(&b[..cut], "task_struct", &["thread", "fsbase"]);
         }
+        assert_eq!(member_offset(b"garbage", "task_struct", &[]), None);
     }
 
+    /// The running kernel's answer (x86-64: `thread_struct.fsbase`, a few KiB into the task).
     #[test]
-    fn malformed_blobs_give_none() {
-        let good = blob(false);
-        for len in 0..good.len() {
-            // Truncated anywhere: never a panic; the member is found only if its record and
-            // name survived.
-            let _ = struct_member_offset(&good[..len], "task_struct", "stack");
-        }
-        assert_eq!(
-            struct_member_offset(&good[..60], "task_struct", "stack"),
-            None
-        );
-        let mut bad_magic = good.clone();
-        bad_magic[0] = 0;
-        assert_eq!(
-            struct_member_offset(&bad_magic, "task_struct", "stack"),
-            None
-        );
-        let mut huge_len = good.clone();
-        huge_len[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(
-            struct_member_offset(&huge_len, "task_struct", "stack"),
-            None
-        );
-        let mut unknown_kind = good;
-        unknown_kind[24 + 4..24 + 8].copy_from_slice(&(31u32 << 24).to_le_bytes());
-        assert_eq!(
-            struct_member_offset(&unknown_kind, "task_struct", "stack"),
-            None
-        );
-    }
-
-    #[test]
-    fn this_kernel_has_task_struct_stack() {
-        let Ok(data) = std::fs::read(crate::preflight::BTF_PATH) else {
-            crate::procs::tests::missing(&format!(
-                "no kernel BTF at {}",
-                crate::preflight::BTF_PATH
-            ));
+    fn running_kernel_has_task_fsbase() {
+        if !std::path::Path::new(VMLINUX_BTF).exists() {
+            crate::procs::tests::missing("kernel BTF at /sys/kernel/btf/vmlinux");
             return;
-        };
-        let off = struct_member_offset(&data, "task_struct", "stack")
-            .expect("task_struct.stack in this kernel's BTF");
-        assert!((8..16 << 10).contains(&off), "implausible offset {off}");
+        }
+        let off = task_fsbase_offset().expect("task_struct.thread.fsbase in the kernel BTF");
+        assert!((1024..32 * 1024).contains(&off), "{off}");
+        assert_eq!(off % 8, 0);
     }
 }

@@ -14,7 +14,7 @@
 //! ring-buffer contents (malformed records are counted and skipped); needs root or
 //! CAP_BPF + CAP_PERFMON (checked earlier by `preflight`). CPU hot-plug is not followed: CPUs
 //! that come online after `start` are not sampled.
-mod btf;
+pub mod btf;
 mod counters;
 mod decode;
 mod error;
@@ -137,6 +137,9 @@ pub struct Collector {
     sampler: Choice,
     /// What this kernel costs the run, one line each (printed before sampling).
     notes: Vec<String>,
+    /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
+    /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
+    sizes: Option<ProgramStats>,
 }
 
 impl Collector {
@@ -217,6 +220,11 @@ impl Collector {
             stats,
             sampler,
             notes,
+            sizes: None,
+        })
+        .map(|mut c| {
+            c.sizes = c.program_stats();
+            c
         })
     }
 
@@ -321,7 +329,7 @@ impl Collector {
             .ok()?;
         let info = program.info().ok()?;
         let enabled = self.stats.is_some();
-        Some(ProgramStats {
+        let mut stats = ProgramStats {
             variant: self.sampler.to_string(),
             run_time_ns: enabled
                 .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
@@ -329,7 +337,15 @@ impl Collector {
             translated_insns: info.size_translated().unwrap_or(0) / 8,
             jited_bytes: info.size_jitted(),
             verified_insns: info.verified_instruction_count(),
-        })
+        };
+        if let Some(at_attach) = &self.sizes
+            && stats.jited_bytes == 0
+        {
+            stats.translated_insns = at_attach.translated_insns;
+            stats.jited_bytes = at_attach.jited_bytes;
+            stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
+        }
+        Some(stats)
     }
 
     /// The sampling program's variant and why it was chosen.

@@ -191,7 +191,7 @@ impl KernelFeatures {
             present,
             task_stack_offset: btf
                 .as_deref()
-                .and_then(|data| btf::struct_member_offset(data, "task_struct", "stack")),
+                .and_then(|data| btf::member_offset(data, "task_struct", &["stack"])),
         }
     }
 

@@ -1,7 +1,9 @@
 //! python stage: the CPython reader (issue 3).
 //!
-//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its
-//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; a built-in table for 3.12), and
+//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its version
+//! (debug offsets, `Py_Version`, or the `Py_GetVersion()` string in `.bss` before 3.11), its
+//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; built-in tables for 3.8–3.12,
+//! checked against the binary before use), and
 //! snapshots of every thread's Python stack with thread ids, names and GIL state
 //! ([`PythonProcess::threads`]); resolution of frames captured elsewhere (the in-kernel walker
 //! of issue 4) through the same code-object cache ([`PythonProcess::resolve_frame`]).
@@ -10,7 +12,7 @@
 //! Constraints: target memory is untrusted and changes while we read it; everything is bounded
 //! (see [`Limits`]) and nothing panics. Memory is read only through [`ReadMemory`]; the walker
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
-//! `/work/shared/docs/cpython-layouts.md`.
+//! `docs/cpython-layouts.md`.
 //!
 //! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
@@ -37,6 +39,7 @@ mod tables;
 pub mod threadnames;
 pub mod unicode;
 pub mod values;
+mod version;
 pub mod walker;
 
 #[cfg(test)]
@@ -69,7 +72,8 @@ pub use walker::Limits;
 
 use facts::version_facts;
 use gil::{InterpGil, read_interp_gil, thread_gil};
-use layout::{DEBUG_COOKIE, DEBUG_OFFSETS_HEADER, debug_offsets_len};
+use layout::{DEBUG_COOKIE, debug_offsets_len};
+use version::{check_binary, read_version};
 
 /// GIL state of one thread at the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,47 +138,6 @@ pub struct PythonProcess {
     limits: Limits,
 }
 
-/// Reads the version of the runtime at `d` (debug-offsets header, else `Py_Version`).
-fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
-    let mut hdr = [0u8; DEBUG_OFFSETS_HEADER];
-    mem.read(d.runtime_addr, &mut hdr)
-        .map_err(|e| PyError::from_mem(pid, e))?;
-    let py_version = match d.py_version_addr {
-        Some(a) => Some(mem.read_u64(a).map_err(|e| PyError::from_mem(pid, e))?),
-        None => None,
-    };
-    let word = |i: usize| u64::from_le_bytes(hdr[i..i + 8].try_into().unwrap_or_default());
-    let invalid = |detail: String| PyError::Invalid {
-        what: "_PyRuntime",
-        addr: d.runtime_addr,
-        detail,
-    };
-    if &hdr[..8] == DEBUG_COOKIE {
-        let v = PyVersion::from_hex(word(8), word(16) == 1);
-        if let Some(pv) = py_version.map(|h| PyVersion::from_hex(h, v.free_threaded))
-            && (pv.major, pv.minor) != (v.major, v.minor)
-        {
-            return Err(invalid(format!(
-                "debug offsets say {v}, Py_Version says {pv}"
-            )));
-        }
-        return Ok(v);
-    }
-    let Some(hex) = py_version else {
-        // `_PyRuntime` without `Py_Version` (added in 3.11): CPython 3.7-3.10.
-        return Err(PyError::Unsupported {
-            version: "older than 3.11".into(),
-        });
-    };
-    let v = PyVersion::from_hex(hex, false);
-    // Unknown minors are refused here; a version that carries debug offsets but has no cookie
-    // is refused rather than guessed.
-    if debug_offsets_len(&version_facts(v.major, v.minor, false)?) > 0 {
-        return Err(invalid(format!("{v} without the \"xdebugpy\" cookie")));
-    }
-    Ok(v)
-}
-
 fn layout_for(
     mem: &dyn ReadMemory,
     pid: u32,
@@ -204,6 +167,9 @@ fn layout_for(
                 layout.runtime.size, d.runtime_size
             ),
         });
+    }
+    if debug_offsets_len(&facts) == 0 {
+        check_binary(mem, pid, d, version, &layout)?;
     }
     let layout = Arc::new(layout);
     if let Ok(mut c) = LAYOUTS.lock() {
@@ -253,8 +219,21 @@ impl PythonProcess {
         let Some((detected, version, layout)) = chosen else {
             return Err(first_err.unwrap_or(PyError::NotPython { pid }));
         };
+        // glibc's `_thread_db_pthread_tid` is `{bit size, count, offset}` (`nptl_db`'s
+        // `DB_STRUCT_FIELD`): the offset of `tid` in `struct pthread`.
+        let pthread_tid = detected
+            .pthread_tid_desc
+            .and_then(|a| mem.read_vec(a, 12).ok())
+            .and_then(|b| {
+                let w = |i: usize| {
+                    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                };
+                (w(0) == 32 && w(2) < 4096).then(|| u64::from(w(2)))
+            });
         let target = Target {
             pid,
+            runtime: detected.runtime_addr,
+            pthread_tid,
             pycode_type: detected.pycode_type_addr,
             image: detected.image.clone(),
             known: detected.known.clone(),
