@@ -443,7 +443,7 @@ fn kernel_mode_samples_use_task_regs_and_kernel_stacks() {
         assert_ne!(s.regs.ip, 0);
         match &s.stack {
             Some(copy) => {
-                assert!((copy.base..copy.base + copy.bytes.len() as u64).contains(&s.regs.sp))
+                assert!((copy.base..copy.base + copy.bytes.len() as u64).contains(&s.regs.sp));
             }
             None => without_copy += 1,
         }
