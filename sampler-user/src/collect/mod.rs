@@ -348,6 +348,24 @@ impl Collector {
         Some(stats)
     }
 
+    /// Whether this kernel refuses map operations to a thread without `CAP_BPF`: before 6.5,
+    /// with unprivileged BPF disabled, `bpf()` checks every command, not only loads (seen on
+    /// Debian 11's 5.10). Tried, not guessed from the version: a short-lived thread drops its
+    /// own capabilities and reads `COUNTERS`.
+    pub fn maps_need_cap_bpf(&self) -> bool {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::privilege::drop_all_in_this_thread()
+                    && matches!(
+                        self.counters.get(&(Counter::Runs as u32), 0),
+                        Err(e) if errno_of(&e) == Some(libc::EPERM)
+                    )
+            })
+            .join()
+            .unwrap_or(true)
+        })
+    }
+
     /// The sampling program's variant and why it was chosen.
     pub fn variant(&self) -> &Choice {
         &self.sampler

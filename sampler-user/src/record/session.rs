@@ -106,6 +106,28 @@ pub struct Ended {
     pub summary: RecordSummary,
 }
 
+/// The capabilities the rest of a run needs (`privilege::cap` says why each one); `cap_bpf`:
+/// the kernel refuses map operations without `CAP_BPF`.
+fn kept_capabilities(cfg: &SessionConfig, cap_bpf: bool) -> Vec<u32> {
+    let mut keep = vec![
+        cap::CHOWN,
+        cap::DAC_OVERRIDE,
+        cap::DAC_READ_SEARCH,
+        cap::SYS_PTRACE,
+        cap::CHECKPOINT_RESTORE,
+    ];
+    if cfg.run_as.is_some() {
+        keep.push(cap::KILL);
+    }
+    if cfg.kernel {
+        keep.push(cap::SYSLOG);
+    }
+    if cap_bpf {
+        keep.push(cap::BPF);
+    }
+    keep
+}
+
 /// Starts the collector (and `-- COMMAND`, held until it is a target).
 fn start_collector(
     cfg: &SessionConfig,
@@ -165,6 +187,7 @@ impl Session {
             Target::Command(_) => Vec::new(),
         };
         let (mut collector, child) = start_collector(&cfg)?;
+        let keep_cap_bpf = collector.maps_need_cap_bpf();
         // Taken before the collector moves into the drain thread: the Python stage writes it.
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
@@ -234,21 +257,9 @@ impl Session {
             Target::Command(_) => {}
         }
         // Attached, targets opened: keep only what reading targets, stopping the command and
-        // writing the outputs need (privilege::cap says why each one).
-        let mut keep = vec![
-            cap::CHOWN,
-            cap::DAC_OVERRIDE,
-            cap::DAC_READ_SEARCH,
-            cap::SYS_PTRACE,
-            cap::CHECKPOINT_RESTORE,
-        ];
-        if cfg.run_as.is_some() {
-            keep.push(cap::KILL);
-        }
-        if cfg.kernel {
-            keep.push(cap::SYSLOG);
-        }
-        if let Err(e) = crate::privilege::drop_capabilities(&keep) {
+        // writing the outputs need.
+        if let Err(e) = crate::privilege::drop_capabilities(&kept_capabilities(&cfg, keep_cap_bpf))
+        {
             eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
         Ok(Session {
