@@ -58,7 +58,7 @@ fn own_cfg(stack_bytes: u32) -> CollectConfig {
 /// (5.10 does not report it). A state explosion would blow far past these.
 fn verified_insns_budget(variant: &str) -> u32 {
     if variant == "bpf_loop" {
-        50_000
+        100_000
     } else {
         600_000
     }
