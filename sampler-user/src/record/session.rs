@@ -106,6 +106,12 @@ pub struct Ended {
     pub summary: RecordSummary,
 }
 
+/// How long `-p` waits for its targets to be attached before sampling starts (it goes on as
+/// soon as they are): milliseconds natively, seconds on an emulated kernel (the kernel matrix's
+/// 5.10 guest needed more than 2 s for a 3.13t target, whose first samples then had no Python
+/// frames).
+const PIDS_ATTACH_WAIT: Duration = Duration::from_secs(10);
+
 /// The capabilities the rest of a run needs (`privilege::cap` says why each one); `cap_bpf`:
 /// the kernel refuses map operations without `CAP_BPF`.
 fn kept_capabilities(cfg: &SessionConfig, cap_bpf: bool) -> Vec<u32> {
@@ -192,7 +198,7 @@ impl Session {
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on.
-            tracker.wait_for(pids, Duration::from_secs(2));
+            tracker.wait_for(pids, PIDS_ATTACH_WAIT);
             for (pid, why) in tracker.failures(pids) {
                 eprintln!(
                     "pyebpf: no Python frames for pid {pid}: {}",
