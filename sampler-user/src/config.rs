@@ -5,12 +5,15 @@
 //! file that cannot be written, a rate or stack size out of range. Each failure is a
 //! [`ConfigError`] whose message is one clear line. The library never imports clap.
 
-use std::path::{Path, PathBuf};
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sampler_common::{DEFAULT_STACK_BYTES, STACK_SIZE_CLASSES};
 
 use crate::output::{self, Format, OutputFile};
+use crate::privilege::RunAs;
 
 /// What to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct RecordRequest {
     pub subprocesses: bool,
     /// `--stack-size` in bytes.
     pub stack_bytes: Option<u32>,
+    /// `--as-root`: run the command as root under `sudo` (default: as the invoking user).
+    pub command_as_root: bool,
     /// Show a progress line (stderr is a terminal and not `--quiet`).
     pub progress: bool,
 }
@@ -85,6 +90,8 @@ pub struct SessionConfig {
     pub subprocesses: bool,
     /// User-stack bytes copied per sample (0 without `--native`).
     pub stack_bytes: u32,
+    /// Who runs `-- COMMAND` (`None`: pyebpf's own user).
+    pub run_as: Option<RunAs>,
 }
 
 /// A validated `record` configuration.
@@ -114,20 +121,28 @@ pub enum ConfigError {
         /// The pid.
         pid: u32,
     },
+    /// `-p` names a process that cannot be profiled (kernel thread, zombie, a thread id).
+    #[error("cannot profile pid {pid}: {why}")]
+    NotProfilable {
+        /// The pid.
+        pid: u32,
+        /// Why, e.g. "a kernel thread (kthreadd)".
+        why: String,
+    },
     /// Rate out of range.
     #[error("invalid rate {rate} Hz: choose 1 to 10000")]
     BadRate {
         /// The rate asked for.
         rate: u64,
     },
-    /// Duration not positive.
-    #[error("invalid duration {secs} s: must be positive")]
+    /// Duration not positive, or beyond [`MAX_DURATION_S`].
+    #[error("invalid duration {secs} s: choose more than 0 and at most {MAX_DURATION_S} s")]
     BadDuration {
         /// The duration asked for.
         secs: f64,
     },
     /// Stack size out of range.
-    #[error("invalid --stack-size {bytes}: choose up to {max} bytes", max = STACK_SIZE_CLASSES[STACK_SIZE_CLASSES.len() - 1])]
+    #[error("invalid --stack-size {bytes}: choose 1 to {max} bytes", max = STACK_SIZE_CLASSES[STACK_SIZE_CLASSES.len() - 1])]
     BadStackSize {
         /// The size asked for.
         bytes: u32,
@@ -154,15 +169,69 @@ pub enum ConfigError {
     Output(#[from] output::OutputError),
 }
 
-/// Every pid names a running process (`record -p`, `top -p`).
-pub fn check_pids(pids: &[u32]) -> Result<(), ConfigError> {
-    match pids
-        .iter()
-        .find(|&&pid| pid == 0 || !Path::new(&format!("/proc/{pid}")).exists())
-    {
-        Some(&pid) => Err(ConfigError::NoSuchPid { pid }),
-        None => Ok(()),
+/// The longest `-d` (a year): longer is a typo, and `1e20` must not overflow a `Duration`.
+pub const MAX_DURATION_S: f64 = 365.0 * 24.0 * 3600.0;
+
+impl ConfigError {
+    /// Whether this is a usage error (a value out of range, conflicting flags: exit status 2)
+    /// rather than a state of the system (a process that is gone, a file that cannot be
+    /// written: status 1).
+    pub fn is_usage(&self) -> bool {
+        !matches!(
+            self,
+            ConfigError::NoSuchPid { .. }
+                | ConfigError::NotProfilable { .. }
+                | ConfigError::Output(_)
+        )
     }
+}
+
+/// Every pid names a running user-space process (`record -p`, `top -p`): not 0, not a kernel
+/// thread, not a zombie, not a thread of another process.
+pub fn check_pids(pids: &[u32]) -> Result<(), ConfigError> {
+    pids.iter().try_for_each(|&pid| check_pid(pid))
+}
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags (`include/linux/sched.h`).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+fn check_pid(pid: u32) -> Result<(), ConfigError> {
+    let not = |why: String| Err(ConfigError::NotProfilable { pid, why });
+    if pid == 0 {
+        return Err(ConfigError::NoSuchPid { pid });
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Err(ConfigError::NoSuchPid { pid });
+    };
+    // `pid (comm) state ppid … flags` (proc_pid_stat(5)): comm may hold spaces and parentheses,
+    // so the fields are read after its last ')'.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return Err(ConfigError::NoSuchPid { pid });
+    };
+    let comm = crate::printable::printable(stat.get(open + 1..close).unwrap_or(""));
+    let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let state = fields.first().copied().unwrap_or("?");
+    // Field 9 (`flags`), the 7th after the state.
+    let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    if flags & PF_KTHREAD != 0 {
+        return not(format!(
+            "a kernel thread ({comm}), it runs no user-space code"
+        ));
+    }
+    if state == "Z" || state == "X" {
+        return not(format!(
+            "{comm} has exited (a zombie waiting for its parent)"
+        ));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if let Some(tgid) = tgid.filter(|&t| t != pid) {
+        return not(format!("a thread of process {tgid}; use -p {tgid}"));
+    }
+    Ok(())
 }
 
 /// The sampling rate is 1 to 10 000 Hz per CPU (`record -r`, `top -r`).
@@ -192,22 +261,25 @@ impl RecordConfig {
         }
         check_rate(req.rate_hz)?;
         let duration = match req.duration_s {
-            Some(s) if !(s > 0.0 && s.is_finite()) => {
+            Some(s) if !(s > 0.0 && s <= MAX_DURATION_S) => {
                 return Err(ConfigError::BadDuration { secs: s });
             }
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
         };
-        let stack_bytes = if req.native {
-            let want = req.stack_bytes.unwrap_or(DEFAULT_STACK_BYTES);
-            *STACK_SIZE_CLASSES
-                .iter()
-                .find(|&&c| c >= want)
-                .ok_or(ConfigError::BadStackSize { bytes: want })?
-        } else {
-            0
-        };
+        // Checked with or without --native: a bad value is a mistake either way.
+        let want = req.stack_bytes.unwrap_or(DEFAULT_STACK_BYTES);
+        let class = *STACK_SIZE_CLASSES
+            .iter()
+            .find(|&&c| c >= want)
+            .filter(|_| want > 0)
+            .ok_or(ConfigError::BadStackSize { bytes: want })?;
+        let stack_bytes = if req.native { class } else { 0 };
         let outputs = outputs(std::mem::take(&mut req.outputs), req.format.as_deref(), now)?;
+        let run_as = match &target {
+            Target::Command(_) if !req.command_as_root => RunAs::sudo_user(),
+            _ => None,
+        };
         Ok(RecordConfig {
             session: SessionConfig {
                 target,
@@ -219,6 +291,7 @@ impl RecordConfig {
                 gil: req.gil,
                 subprocesses: req.subprocesses,
                 stack_bytes,
+                run_as,
             },
             outputs,
             progress: req.progress,
@@ -384,6 +457,77 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("--stack-size"));
+    }
+
+    #[test]
+    fn values_out_of_range_are_usage_errors() {
+        // Out of range also without --native, and durations that overflow a Duration.
+        for bad in [
+            RecordRequest {
+                stack_bytes: Some(1 << 20),
+                ..req()
+            },
+            RecordRequest {
+                stack_bytes: Some(0),
+                ..req()
+            },
+            RecordRequest {
+                duration_s: Some(1e20),
+                ..req()
+            },
+            RecordRequest {
+                duration_s: Some(-1.0),
+                ..req()
+            },
+            RecordRequest {
+                duration_s: Some(f64::NAN),
+                ..req()
+            },
+            RecordRequest {
+                rate_hz: 10_001,
+                ..req()
+            },
+        ] {
+            let e = RecordConfig::new(bad, "x").unwrap_err();
+            assert!(e.is_usage(), "{e}");
+            assert_eq!(e.to_string().lines().count(), 1);
+        }
+    }
+
+    #[test]
+    fn kernel_threads_zombies_and_thread_ids_are_refused() {
+        // kthreadd is pid 2 on every Linux host we run on (outside a pid namespace).
+        let e = check_pids(&[2]).unwrap_err();
+        assert!(e.to_string().contains("kernel thread"), "{e}");
+        assert!(!e.is_usage());
+        // A zombie: a child that exited and is not reaped yet.
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap()
+            .contains(") Z")
+        {
+            assert!(t0.elapsed().as_secs() < 10, "child never became a zombie");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let e = check_pids(&[pid]).unwrap_err();
+        assert!(e.to_string().contains("zombie"), "{e}");
+        drop(child);
+        // The id of one of this process's threads.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let e = check_pids(&[tid]).unwrap_err();
+        assert!(e.to_string().contains("a thread of process"), "{e}");
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        check_pids(&[std::process::id()]).unwrap();
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The `pyebpf` command line: parses flags with clap, turns them into the library's validated
 //! configurations, runs the command and maps errors to one line and an exit code.
 //!
-//! Exit codes: 0 success; 1 a runtime or user error (one line on stderr, `pyebpf: …`);
-//! 2 a usage error (clap).
+//! Exit codes: 0 success; 1 a runtime error or a state of the system that prevents the run
+//! (one line on stderr, `pyebpf: …`); 2 a usage error (an unknown flag, a value out of range:
+//! also one line).
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -45,7 +46,12 @@ struct RecordArgs {
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pids: Vec<u32>,
     /// Seconds to sample (default: until Ctrl-C, or until COMMAND exits).
-    #[arg(short = 'd', long = "duration", value_name = "SECS")]
+    #[arg(
+        short = 'd',
+        long = "duration",
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
     duration: Option<f64>,
     /// Samples per second, per CPU.
     #[arg(short = 'r', long = "rate", default_value_t = 99, value_name = "HZ")]
@@ -80,6 +86,9 @@ struct RecordArgs {
     /// No progress line.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Under sudo, run COMMAND as root (default: as the user who ran sudo, with their groups).
+    #[arg(long = "as-root")]
+    as_root: bool,
     /// Command to start and profile, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -185,7 +194,20 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PYEBPF_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line, like every other error: clap's first line without its `error: `.
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid usage");
+            eprintln!(
+                "pyebpf: {} (see --help)",
+                first.strip_prefix("error: ").unwrap_or(first)
+            );
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Record(args) => record(args),
         Command::Dump(args) => dump(&args),
@@ -204,9 +226,24 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("pyebpf: {e}");
-            ExitCode::FAILURE
+            if is_usage(e.as_ref()) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// Whether an error is a usage error (exit status 2).
+fn is_usage(e: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(c) = e.downcast_ref::<pyebpf::config::ConfigError>() {
+        return c.is_usage();
+    }
+    if let Some(pyebpf::top::TopError::Config(c)) = e.downcast_ref::<pyebpf::top::TopError>() {
+        return c.is_usage();
+    }
+    false
 }
 
 fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -224,6 +261,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         gil: a.gil,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
+        command_as_root: a.as_root,
         progress: !a.quiet && std::io::stderr().is_terminal(),
     };
     let cfg = RecordConfig::new(req, &pyebpf::record::timestamp_for_file_name())?;
@@ -278,7 +316,7 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
-    let profile = pyebpf::saved::load(&a.file)?;
+    let profile = load(&a.file)?;
     let written = match format {
         Some(format) => out.write(|w| format.render(&profile, w)),
         None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
@@ -292,8 +330,21 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     })
 }
 
+/// Loads a saved profile; an incomplete one (a run that was killed) is said so on stderr.
+fn load(path: &std::path::Path) -> Result<pyebpf::profile::Profile, pyebpf::saved::LoadError> {
+    let loaded = pyebpf::saved::load(path)?;
+    if !loaded.complete {
+        eprintln!(
+            "pyebpf: {}: incomplete (the run did not finish writing it): {} samples up to its last complete chunk; lost samples and errors unknown",
+            path.display(),
+            loaded.profile.samples().len()
+        );
+    }
+    Ok(loaded.profile)
+}
+
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let profile = pyebpf::saved::load(&a.file)?;
+    let profile = load(&a.file)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     pyebpf::report::script::render(&profile, &mut out)?;

@@ -14,6 +14,26 @@ pub struct User {
     pub gid: u32,
 }
 
+/// Who runs `record -- COMMAND`: a user with its groups (under `sudo`, the invoking user).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    /// The user and its primary group.
+    pub user: User,
+    /// Supplementary groups.
+    pub groups: Vec<libc::gid_t>,
+}
+
+impl RunAs {
+    /// The `sudo` user with its groups; `None` when not run through `sudo`.
+    pub fn sudo_user() -> Option<RunAs> {
+        let user = sudo_user()?;
+        Some(RunAs {
+            user,
+            groups: groups_of(user),
+        })
+    }
+}
+
 /// The user who asked for this run: under `sudo` (effective uid 0 and `SUDO_UID` set to
 /// another user), the user who ran `sudo`; otherwise our real user.
 pub fn invoking_user() -> User {

@@ -8,16 +8,22 @@
 //! the exported hot part whose target lies in such a *fragment* FDE names a piece of the eval
 //! loop (cpython-layouts §11: Debian's 3.14 jumps from `0x598b92` to its `.cold` at `0x43fb58`).
 //!
-//! Owns: a bounded `.eh_frame` reader (CIE/FDE records, pointer encodings, the CFA rule at each
-//! FDE's first address) and the jump scan. Input: the section bytes and the function's bytes.
+//! Owns: the FDE list of a `.eh_frame` section with the CFA rule at each FDE's first address
+//! (read with gimli) and the jump scan. Input: the section bytes and the function's bytes.
 //! Output: the fragment FDE ranges the function jumps into.
-//! Constraints: untrusted bytes — every read is bounded, malformed records end the walk, nothing
-//! panics. The jump scan reads every byte offset (no instruction decoder): a false target would
-//! have to land inside a fragment FDE, which random bytes practically never do (`.text` is a
-//! few MB of a ±2 GB displacement range), and calls are ignored. x86-64 only.
+//! Constraints: untrusted bytes — gimli bounds every read, malformed records end the walk, the
+//! FDE count is bounded, nothing panics. The jump scan reads every byte offset (no instruction
+//! decoder): a false target would have to land inside a fragment FDE, which random bytes
+//! practically never do (`.text` is a few MB of a ±2 GB displacement range), and calls are
+//! ignored. x86-64 only.
 
-/// `DW_CFA_*` register numbers on x86-64.
-const RSP: u64 = 7;
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection as _,
+    X86_64,
+};
+
+/// Most FDEs read from one section (a large binary has ~100 000).
+const MAX_FDES: usize = 1 << 20;
 
 /// One FDE: its address range and whether it starts as a function entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,224 +36,48 @@ pub struct Fde {
     pub fragment: bool,
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let v = *self.b.get(self.pos)?;
-        self.pos += 1;
-        Some(v)
-    }
-    fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let v = self
-            .b
-            .get(self.pos..self.pos.checked_add(N)?)?
-            .try_into()
-            .ok()?;
-        self.pos += N;
-        Some(v)
-    }
-    fn uleb(&mut self) -> Option<u64> {
-        let (mut v, mut shift) = (0u64, 0u32);
-        loop {
-            let b = self.u8()?;
-            if shift < 64 {
-                v |= u64::from(b & 0x7f) << shift;
-            }
-            shift += 7;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-    }
-    fn sleb(&mut self) -> Option<i64> {
-        let (mut v, mut shift) = (0i64, 0u32);
-        loop {
-            let b = self.u8()?;
-            if shift < 64 {
-                v |= i64::from(b & 0x7f) << shift;
-            }
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= -1i64 << shift;
-                }
-                return Some(v);
-            }
-        }
-    }
-    /// A pointer in `DW_EH_PE` encoding `enc`; `base` is the address of `b[0]` (for pcrel).
-    fn pointer(&mut self, enc: u8, base: u64) -> Option<u64> {
-        let at = base.wrapping_add(self.pos as u64);
-        let v = match enc & 0x0f {
-            0x00 | 0x04 => u64::from_le_bytes(self.bytes::<8>()?),
-            0x01 => self.uleb()?,
-            0x02 => u64::from(u16::from_le_bytes(self.bytes::<2>()?)),
-            0x03 => u64::from(u32::from_le_bytes(self.bytes::<4>()?)),
-            0x09 => self.sleb()? as u64,
-            0x0a => i64::from(i16::from_le_bytes(self.bytes::<2>()?)) as u64,
-            0x0b => i64::from(i32::from_le_bytes(self.bytes::<4>()?)) as u64,
-            0x0c => i64::from_le_bytes(self.bytes::<8>()?) as u64,
-            _ => return None,
-        };
-        match enc & 0x70 {
-            0x00 => Some(v),
-            0x10 => Some(v.wrapping_add(at)),
-            _ => None, // datarel/textrel/funcrel: not used by x86-64 toolchains for FDEs
-        }
-    }
-}
-
-/// What a CIE contributes to its FDEs.
-#[derive(Clone, Copy)]
-struct Cie {
-    fde_encoding: u8,
-    has_z: bool,
-    data_align: i64,
-    /// CFA register and offset after the CIE's initial instructions.
-    cfa: Option<(u64, i64)>,
-}
-
-/// Applies CFA instructions up to the first location advance; returns the CFA rule, `None`
-/// when it is not a plain register+offset (an expression, or an op we do not know).
-fn cfa_at_start(insns: &[u8], mut cfa: Option<(u64, i64)>, data_align: i64) -> Option<(u64, i64)> {
-    let mut r = Reader { b: insns, pos: 0 };
-    while let Some(op) = r.u8() {
-        match (op >> 6, op & 0x3f) {
-            // advance_loc, set_loc, advance_loc1/2/4: the first address is behind us.
-            (1, _) | (0, 0x01..=0x04) => break,
-            // restore(reg), nop, remember_state, restore_state
-            (3, _) | (0, 0x00 | 0x0a | 0x0b) => {}
-            (0, 0x05 | 0x09 | 0x14) => {
-                r.uleb()?;
-                r.uleb()?;
-            }
-            // offset(reg) ULEB; restore_extended, undefined, same_value, GNU_args_size
-            (2, _) | (0, 0x06 | 0x07 | 0x08 | 0x2e) => {
-                r.uleb()?;
-            }
-            (0, 0x0c) => cfa = Some((r.uleb()?, r.uleb()? as i64)),
-            (0, 0x0d) => cfa = Some((r.uleb()?, cfa.map_or(0, |c| c.1))),
-            (0, 0x0e) => cfa = Some((cfa?.0, r.uleb()? as i64)),
-            (0, 0x10 | 0x16) => {
-                r.uleb()?;
-                let n = r.uleb()? as usize;
-                r.pos = r.pos.checked_add(n)?;
-            }
-            (0, 0x11 | 0x15) => {
-                r.uleb()?;
-                r.sleb()?;
-            }
-            (0, 0x12) => cfa = Some((r.uleb()?, r.sleb()?.wrapping_mul(data_align))),
-            (0, 0x13) => cfa = Some((cfa?.0, r.sleb()?.wrapping_mul(data_align))),
-            // def_cfa_expression (0x0f), or an op we do not know
-            _ => return None,
-        }
-    }
-    cfa
-}
-
-fn parse_cie(body: &[u8], base: u64) -> Option<Cie> {
-    let mut r = Reader { b: body, pos: 0 };
-    let version = r.u8()?;
-    let aug_start = r.pos;
-    while r.u8()? != 0 {}
-    let aug = &body[aug_start..r.pos - 1];
-    if aug.windows(2).any(|w| w == b"eh") {
-        return None;
-    }
-    let _code_align = r.uleb()?;
-    let data_align = r.sleb()?;
-    if version == 1 {
-        r.u8()?;
-    } else {
-        r.uleb()?;
-    }
-    let mut fde_encoding = 0;
-    let has_z = aug.first() == Some(&b'z');
-    if has_z {
-        let len = r.uleb()? as usize;
-        let end = r.pos.checked_add(len)?;
-        for &c in &aug[1..] {
-            match c {
-                b'R' => fde_encoding = r.u8()?,
-                b'L' => {
-                    r.u8()?;
-                }
-                b'P' => {
-                    let enc = r.u8()?;
-                    r.pointer(enc & 0x7f, base)?;
-                }
-                _ => {}
-            }
-        }
-        r.pos = end;
-    }
-    let insns = body.get(r.pos..)?;
-    Some(Cie {
-        fde_encoding,
-        has_z,
-        data_align,
-        cfa: cfa_at_start(insns, None, data_align),
-    })
-}
-
 /// Every FDE of an `.eh_frame` section loaded at `addr`, sorted by start. Stops at the first
-/// malformed record (what was read before it is kept).
+/// malformed record (what was read before it is kept); an FDE that cannot be parsed or
+/// evaluated is skipped.
 pub fn fdes(section: &[u8], addr: u64) -> Vec<Fde> {
+    let eh = EhFrame::new(section, LittleEndian);
+    let bases = BaseAddresses::default().set_eh_frame(addr);
+    let mut ctx = UnwindContext::new();
+    let mut entries = eh.entries(&bases);
     let mut out = Vec::new();
-    let mut cies: Vec<(usize, Option<Cie>)> = Vec::new();
-    let mut pos = 0usize;
-    while let Some(len) = section.get(pos..pos + 4) {
-        let len = u32::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
-        if len == 0 || len == 0xffff_ffff {
-            break; // terminator, or a 64-bit record (not emitted for x86-64 .eh_frame)
-        }
-        let Some(body) = section.get(pos + 4..(pos + 4).saturating_add(len)) else {
-            break;
+    while let Ok(Some(entry)) = entries.next() {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
         };
-        let id = u32::from_le_bytes(
-            body.get(..4)
-                .and_then(|b| b.try_into().ok())
-                .unwrap_or_default(),
-        );
-        let base = addr.wrapping_add(pos as u64 + 8);
-        if id == 0 {
-            cies.push((pos, parse_cie(&body[4..], base)));
-        } else if let Some(cie_pos) = (pos + 4).checked_sub(id as usize)
-            && let Some(Some(cie)) = cies
-                .iter()
-                .rev()
-                .find(|(p, _)| *p == cie_pos)
-                .map(|(_, c)| *c)
-            && let Some(fde) = parse_fde(&body[4..], base, &cie)
-        {
-            out.push(fde);
+        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let start = fde.initial_address();
+        let Some(end) = start.checked_add(fde.len()) else {
+            continue;
+        };
+        // The CIE's initial instructions plus the FDE's up to its first location advance.
+        let fragment = fde
+            .unwind_info_for_address(&eh, &bases, &mut ctx, start)
+            .is_ok_and(|row| match row.cfa() {
+                CfaRule::RegisterAndOffset { register, offset } => {
+                    (*register, *offset) != (X86_64::RSP, 8)
+                }
+                // Only a known register rule counts: expression CFAs (PLT stubs) are no
+                // fragments.
+                CfaRule::Expression(_) => false,
+            });
+        out.push(Fde {
+            start,
+            end,
+            fragment,
+        });
+        if out.len() >= MAX_FDES {
+            break;
         }
-        pos += 4 + len;
     }
     out.sort_by_key(|f| f.start);
     out
-}
-
-fn parse_fde(body: &[u8], base: u64, cie: &Cie) -> Option<Fde> {
-    let mut r = Reader { b: body, pos: 0 };
-    let start = r.pointer(cie.fde_encoding, base)?;
-    let range = r.pointer(cie.fde_encoding & 0x0f, base)?;
-    if cie.has_z {
-        let n = r.uleb()? as usize;
-        r.pos = r.pos.checked_add(n)?;
-    }
-    let cfa = cfa_at_start(body.get(r.pos..)?, cie.cfa, cie.data_align);
-    Some(Fde {
-        start,
-        end: start.checked_add(range)?,
-        // Only a known register rule counts: expression CFAs (PLT stubs) are no fragments.
-        fragment: cfa.is_some_and(|c| c != (RSP, 8)),
-    })
 }
 
 /// The fragment FDEs that `code` (the bytes of a function at `addr`) reaches with a rel32

@@ -13,24 +13,26 @@
 //! pieces matter: Debian's 3.14/3.15 run their bytecode handlers in a `.cold` part 1.4 MB below
 //! the hot symbol, and only the debug file names it (cpython-layouts §11).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::procs::elf::{ElfError, ReadAt, SHT_NOBITS, read_elf_info, read_section};
+use crate::lru::Lru;
+use crate::procs::elf::{
+    ElfError, ReadAt, SHT_NOBITS, STT_FUNC, SymbolTable, SymbolTableKind, read_elf_info,
+    read_section, read_symbols,
+};
+use crate::procs::{FileId, open_mapped_file};
 use crate::python::Detected;
 
 use super::{Role, ehframe};
 
 /// Largest symbol or string table read.
 const MAX_TABLE: u64 = 64 << 20;
-/// Most cached files (cleared when full).
+/// Most cached files.
 const MAX_CACHED: usize = 256;
 /// The eval loop's symbol.
 const EVAL: &[u8] = b"_PyEval_EvalFrameDefault";
-/// `STT_FUNC`.
-const STT_FUNC: u8 = 2;
 
 /// One piece of the eval loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,38 +138,17 @@ pub fn symbol_role(name: &[u8]) -> Option<Role> {
     Some(if is_part { Role::EvalClone } else { Role::Eval })
 }
 
-fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
-    b.get(at..at + N)?.try_into().ok()
-}
-
-/// Eval-loop pieces among ELF64 symbols `syms` (24-byte entries) with names in `strs`.
-pub fn ranges_from_symbols(syms: &[u8], strs: &[u8]) -> Vec<EvalRange> {
+/// Eval-loop pieces among `symbols`.
+pub fn ranges_from_symbols(symbols: &SymbolTable) -> Vec<EvalRange> {
     let mut out = Vec::new();
-    for sym in syms.chunks_exact(24) {
-        let (Some(name), Some(value), Some(size), Some(shndx)) = (
-            le::<4>(sym, 0),
-            le::<8>(sym, 8),
-            le::<8>(sym, 16),
-            le::<2>(sym, 6),
-        ) else {
-            continue;
-        };
-        let (name, value, size) = (
-            u32::from_le_bytes(name) as usize,
-            u64::from_le_bytes(value),
-            u64::from_le_bytes(size),
-        );
-        if sym[4] & 0xf != STT_FUNC || u16::from_le_bytes(shndx) == 0 || size == 0 || value == 0 {
+    for sym in symbols.iter() {
+        if sym.kind != STT_FUNC || !sym.defined || sym.size == 0 || sym.value == 0 {
             continue;
         }
-        let Some(rest) = strs.get(name..) else {
-            continue;
-        };
-        let n = &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())];
-        if let Some(role) = symbol_role(n) {
+        if let Some(role) = symbol_role(sym.name) {
             let r = EvalRange {
-                start: value,
-                end: value.saturating_add(size),
+                start: sym.value,
+                end: sym.value.saturating_add(sym.size),
                 role,
             };
             if !out.contains(&r) {
@@ -194,16 +175,12 @@ pub fn ranges_in_elf(r: &(impl ReadAt + ?Sized)) -> Result<ElfEvalPieces, ElfErr
     let info = read_elf_info(r)?;
     let mut out = Vec::new();
     let mut has_symtab = false;
-    for (symtab, strtab) in [(&b".symtab"[..], &b".strtab"[..]), (b".dynsym", b".dynstr")] {
-        let (Some(s), Some(t)) = (info.section(symtab), info.section(strtab)) else {
+    for kind in [SymbolTableKind::Static, SymbolTableKind::Dynamic] {
+        let Ok(Some(symbols)) = read_symbols(r, &info, kind, MAX_TABLE) else {
             continue;
         };
-        let (Ok(syms), Ok(strs)) = (read_section(r, s, MAX_TABLE), read_section(r, t, MAX_TABLE))
-        else {
-            continue;
-        };
-        has_symtab |= symtab == b".symtab" && !syms.is_empty();
-        for range in ranges_from_symbols(&syms, &strs) {
+        has_symtab |= kind == SymbolTableKind::Static && !symbols.is_empty();
+        for range in ranges_from_symbols(&symbols) {
             if !out.contains(&range) {
                 out.push(range);
             }
@@ -279,29 +256,15 @@ pub fn debug_file_paths(pid: u32, build_id: &[u8]) -> Vec<String> {
     vec![format!("/proc/{pid}/root/{rel}"), format!("/{rel}")]
 }
 
-type Cache = Mutex<HashMap<(u64, u64, Option<Vec<u8>>), Arc<FileEvalRanges>>>;
-static CACHE: LazyLock<Cache> = LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// Opens the interpreter file of `d` as `pid` maps it (cpython-layouts §1.2 order).
-fn open_interpreter(pid: u32, d: &Detected) -> Option<(File, String)> {
-    let mut paths = Vec::new();
-    if let Some((start, end)) = d.image.first() {
-        paths.push(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-    }
-    paths.push(format!("/proc/{pid}/root{}", d.path));
-    paths.push(d.path.clone());
-    paths
-        .into_iter()
-        .find_map(|p| File::open(&p).ok().map(|f| (f, p)))
-}
+type Cache = Mutex<Lru<FileId, Arc<FileEvalRanges>>>;
+static CACHE: LazyLock<Cache> = LazyLock::new(|| Mutex::new(Lru::new(MAX_CACHED)));
 
 /// The eval-loop pieces of the interpreter file `d` of `pid`, computed once per file.
 pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, EvalRangeError> {
-    let key = (d.dev, d.inode, d.build_id.clone());
-    if let Some(hit) = CACHE.lock().ok().and_then(|c| c.get(&key).cloned()) {
+    if let Some(hit) = CACHE.lock().ok().and_then(|mut c| c.get(&d.file).cloned()) {
         return Ok(hit);
     }
-    let (file, path) = open_interpreter(pid, d).ok_or_else(|| EvalRangeError::Open {
+    let file = open_mapped_file(pid, &d.mapping).map_err(|_| EvalRangeError::Open {
         path: d.path.clone(),
     })?;
     let ElfEvalPieces {
@@ -316,7 +279,9 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
     let mut incomplete = false;
     if !has_symtab {
         incomplete = true;
-        let id = build_id.or_else(|| d.build_id.clone()).unwrap_or_default();
+        let id = build_id
+            .or_else(|| d.file.build_id.clone())
+            .unwrap_or_default();
         for p in debug_file_paths(pid, &id) {
             let Ok(f) = File::open(&p) else { continue };
             // A debug file of another build would give wrong addresses.
@@ -348,7 +313,9 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
         }
     }
     if ranges.is_empty() {
-        return Err(EvalRangeError::NoSymbol { path });
+        return Err(EvalRangeError::NoSymbol {
+            path: d.path.clone(),
+        });
     }
     let out = Arc::new(FileEvalRanges {
         ranges,
@@ -356,10 +323,7 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
         incomplete,
     });
     if let Ok(mut c) = CACHE.lock() {
-        if c.len() >= MAX_CACHED {
-            c.clear();
-        }
-        c.insert(key, Arc::clone(&out));
+        c.insert(d.file.clone(), Arc::clone(&out));
     }
     Ok(out)
 }
@@ -415,7 +379,7 @@ mod tests {
         syms.extend(sym(56, 0x12, 12, COLD + 84423, 64)); // right after .cold
         syms.extend(sym(1, 0x11, 12, 0x1000, 8)); // an OBJECT named like it: ignored
         syms.extend(sym(1, 0x12, 0, 0x2000, 8)); // undefined: ignored
-        let found = ranges_from_symbols(&syms, strs);
+        let found = ranges_from_symbols(&SymbolTable::from_bytes(syms, strs.to_vec()));
         assert_eq!(found.len(), 2, "{found:?}");
         let file = FileEvalRanges {
             ranges: found,
@@ -445,9 +409,10 @@ mod tests {
 
     #[test]
     fn garbage_tables_do_not_panic() {
-        assert!(ranges_from_symbols(&[0xff; 100], b"").is_empty());
+        let table = |syms: Vec<u8>, strs: &[u8]| SymbolTable::from_bytes(syms, strs.to_vec());
+        assert!(ranges_from_symbols(&table(vec![0xff; 100], b"")).is_empty());
         let syms = sym(u32::MAX, 0x12, 1, 0x10, 0x10);
-        assert!(ranges_from_symbols(&syms, b"\0").is_empty());
+        assert!(ranges_from_symbols(&table(syms, b"\0")).is_empty());
         assert!(ranges_in_elf(&b"\x7fELF garbage"[..]).is_err());
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Owns: every piece of per-process state the later stages look up — comm, exe, cmdline, start
 //! time, PID namespace, cgroup/container and the memory mappings — keyed by host pid, plus the
-//! identity of mapped files ([`FileId`]) and the rules for opening them ([`open_mapped_file`]).
+//! identity of mapped files ([`FileId`]), the rules for opening them ([`open_mapped_file`]) and
+//! the one ELF layer every stage reads them with ([`elf`], on the `object` crate).
 //! Input: pids from samples and process events (exec, exit), and `/proc` (root injectable).
 //! Output: `&Process` for cheap per-sample lookups (`mapping_for` is a binary search).
 //! Constraints: `/proc` contents are untrusted and racy — a process can exit between two reads.
@@ -555,6 +556,16 @@ impl ProcessRegistry {
             ns_tids: Mutex::new(HashMap::new()),
         })
     }
+}
+
+/// The mappings of `pid` now, read from `/proc/PID/maps` (bounded; malformed lines skipped):
+/// for a one-off look at a process that is not worth a registry entry (the Python attach).
+pub fn read_mappings(pid: u32) -> io::Result<Vec<Mapping>> {
+    let bytes = read_bounded(
+        &Path::new("/proc").join(pid.to_string()).join("maps"),
+        MAX_MAPS_BYTES,
+    )?;
+    Ok(parse_maps(&bytes).0)
 }
 
 fn read_maps(dir: &Path, pid: u32, errors: &mut ProcsErrors) -> Result<Vec<Mapping>, ProcsError> {

@@ -12,7 +12,7 @@
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
 //! `/work/shared/docs/cpython-layouts.md`.
 //!
-//! Files: `memory` (trait, live and image memory) · `detect` (maps, ELF, bias) · `layout`,
+//! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
 //! `walker` (interpreters → threads → frames) · `code` (code cache, line resolution) ·
 //! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `dump` (the `dump` command).
@@ -56,6 +56,9 @@ mod walker_tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::lru::Lru;
+use crate::procs::FileId;
 
 pub use code::{CodeCache, Ctx, Target};
 pub use detect::Detected;
@@ -114,9 +117,9 @@ pub struct PyThread {
     pub attached: Option<bool>,
 }
 
-/// What is cached per interpreter file (device, inode): its version and layout.
-type LayoutCache = Mutex<HashMap<(u64, u64), (PyVersion, Arc<RuntimeLayout>)>>;
-static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// What is cached per interpreter file: its version and layout.
+type LayoutCache = Mutex<Lru<FileId, (PyVersion, Arc<RuntimeLayout>)>>;
+static LAYOUTS: LazyLock<LayoutCache> = LazyLock::new(|| Mutex::new(Lru::new(1024)));
 
 /// One attached target: its layout, runtime address and caches.
 pub struct PythonProcess {
@@ -178,8 +181,8 @@ fn layout_for(
     d: &Detected,
     version: PyVersion,
 ) -> Result<Arc<RuntimeLayout>, PyError> {
-    let key = (d.dev, d.inode);
-    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned())
+    let key = &d.file;
+    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
         && v == version
     {
         return Ok(l);
@@ -204,10 +207,7 @@ fn layout_for(
     }
     let layout = Arc::new(layout);
     if let Ok(mut c) = LAYOUTS.lock() {
-        if c.len() > 1024 {
-            c.clear();
-        }
-        c.insert(key, (version, Arc::clone(&layout)));
+        c.insert(key.clone(), (version, Arc::clone(&layout)));
     }
     Ok(layout)
 }

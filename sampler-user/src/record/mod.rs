@@ -1,7 +1,8 @@
 //! The `record` command: drives a sampling [`Session`] and writes the profile file.
 //!
-//! Owns: the progress line and writing the outputs at the end, one per `-o` (each written
-//! atomically); the sampling session itself (collector, threads, stop conditions, signals,
+//! Owns: the progress line, streaming `.pyebpf` outputs while sampling (a chunk about every
+//! second, so a killed run keeps its samples) and writing the other outputs at the end, one per
+//! `-o` (each written atomically, see [`crate::output::OutputFile`]); the sampling session itself (collector, threads, stop conditions, signals,
 //! summary) lives in [`session`], which `top` drives too. Input: a validated [`RecordConfig`].
 //! Output: the profile files and a [`RecordSummary`].
 //!
@@ -27,7 +28,9 @@ mod summary;
 use std::io::Write as _;
 
 use crate::config::RecordConfig;
+use crate::output::Format;
 use crate::profile::Profile;
+use crate::saved::SavedWriter;
 use session::{Ended, Flow, Session};
 
 pub use summary::{PyProcLine, RecordSummary};
@@ -45,6 +48,12 @@ pub enum RecordError {
         command: String,
         /// Why.
         source: std::io::Error,
+    },
+    /// A second signal came while the outputs were written: these were not.
+    #[error("interrupted by a second signal: not written: {outputs}")]
+    Aborted {
+        /// The outputs not written, comma-separated.
+        outputs: String,
     },
     /// Writing the output failed (nothing was left behind).
     #[error("cannot write {}: {source}", path.display())]
@@ -79,11 +88,61 @@ fn libc_time() -> libc::time_t {
         .map_or(0, |d| d.as_secs() as libc::time_t)
 }
 
+/// A `.pyebpf` output streamed while sampling: a batch about every second.
+struct Stream {
+    index: usize,
+    writer: Option<SavedWriter<std::io::BufWriter<Box<dyn std::io::Write + Send>>>>,
+    written: usize,
+    failed: Option<std::io::Error>,
+}
+
+/// Ticks between two batches of a streamed saved profile (about a second).
+const TICKS_PER_BATCH: u32 = 10;
+
+impl Stream {
+    /// Writes the samples added since the last batch; an error stops this stream.
+    fn batch(&mut self, profile: &Profile) {
+        let Some(w) = self.writer.as_mut() else {
+            return;
+        };
+        let new = &profile.samples()[self.written.min(profile.samples().len())..];
+        match w.write_batch(profile.frames(), profile.stacks(), new) {
+            Ok(()) => self.written = profile.samples().len(),
+            Err(e) => {
+                self.failed = Some(e);
+                self.writer = None;
+            }
+        }
+    }
+
+    /// The last batch and the end chunk.
+    fn finish(&mut self, profile: &Profile) -> std::io::Result<()> {
+        self.batch(profile);
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        match self.writer.take() {
+            Some(w) => w.finish(&profile.meta).map(drop),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Runs `record` to completion and writes the output. `argv` is stored in the run metadata.
 pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordError> {
     let mut session = Session::start(cfg.session.clone(), argv)?;
     let mut progress = summary::Progress::new(cfg.progress);
+    let mut streams: Option<Vec<Stream>> = None;
+    let mut ticks = 0u32;
     session.run(|profile, tick| {
+        // The first tick comes at once: the start metadata is known, the streams open.
+        let streams = streams.get_or_insert_with(|| open_streams(cfg, profile));
+        ticks += 1;
+        if ticks.is_multiple_of(TICKS_PER_BATCH) {
+            for s in streams.iter_mut() {
+                s.batch(profile);
+            }
+        }
         progress.tick(
             tick.elapsed,
             profile.samples().len(),
@@ -96,20 +155,58 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let Ended { profile, summary } = ended?;
     let mut stderr = std::io::stderr().lock();
     let _ = summary.print(&mut stderr);
-    write_outputs(cfg, &profile, &mut stderr)?;
+    let streams = streams.unwrap_or_else(|| open_streams(cfg, &profile));
+    write_outputs(cfg, &profile, streams, &mut stderr)?;
     Ok(summary)
 }
 
-/// Writes every output of the run. A file that fails does not stop the others: earlier
-/// failures are printed here, the last one is returned.
+/// Opens every `.pyebpf` output for streaming; one that fails is reported when the outputs are
+/// written.
+fn open_streams(cfg: &RecordConfig, profile: &Profile) -> Vec<Stream> {
+    cfg.outputs
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, format))| *format == Format::Pyebpf)
+        .map(|(index, (file, _))| {
+            let opened = file.stream().and_then(|w| {
+                SavedWriter::new(std::io::BufWriter::with_capacity(1 << 16, w), &profile.meta)
+            });
+            let (writer, failed) = match opened {
+                Ok(w) => (Some(w), None),
+                Err(e) => (None, Some(e)),
+            };
+            Stream {
+                index,
+                writer,
+                written: 0,
+                failed,
+            }
+        })
+        .collect()
+}
+
+/// Writes every output of the run: the streamed ones are finished first, then the others are
+/// rendered. A file that fails does not stop the others: earlier failures are printed here,
+/// the last one is returned. After a second signal the output being written is abandoned (its
+/// temporary file removed) and the rest are skipped.
 fn write_outputs(
     cfg: &RecordConfig,
     profile: &Profile,
+    mut streams: Vec<Stream>,
     stderr: &mut std::io::StderrLock<'_>,
 ) -> Result<(), RecordError> {
     let mut failed = None;
-    for (file, format) in &cfg.outputs {
-        match file.write(|w| format.render(profile, w)) {
+    let mut skipped = Vec::new();
+    for (i, (file, format)) in cfg.outputs.iter().enumerate() {
+        let result = if let Some(s) = streams.iter_mut().find(|s| s.index == i) {
+            s.finish(profile)
+        } else if signals::aborted() {
+            skipped.push(file.path().display().to_string());
+            continue;
+        } else {
+            file.write(|w| format.render(profile, &mut signals::Abortable(w)))
+        };
+        match result {
             Ok(()) => {
                 let to = if file.is_stdout() {
                     "stdout".into()
@@ -118,6 +215,7 @@ fn write_outputs(
                 };
                 let _ = writeln!(stderr, "Wrote {} to {to}", format.describe());
             }
+            Err(_) if signals::aborted() => skipped.push(file.path().display().to_string()),
             Err(source) => {
                 let e = RecordError::Write {
                     path: file.path().to_path_buf(),
@@ -127,6 +225,14 @@ fn write_outputs(
                     let _ = writeln!(stderr, "pyebpf: {earlier}");
                 }
             }
+        }
+    }
+    if !skipped.is_empty() {
+        let e = RecordError::Aborted {
+            outputs: skipped.join(", "),
+        };
+        if let Some(earlier) = failed.replace(e) {
+            let _ = writeln!(stderr, "pyebpf: {earlier}");
         }
     }
     failed.map_or(Ok(()), Err)

@@ -3,8 +3,9 @@
 //!
 //! Owns: starting the collector (and `-- COMMAND`, held until it is a target), the Python
 //! tracker, the drain and Python-stage threads, the stack builder, the stop conditions
-//! (duration, Ctrl-C/SIGTERM, the profiled command's exit, a stage thread ending) and the
-//! end-of-run accounting. Input: a [`SessionConfig`]. Output: the profile, grown while
+//! (duration, Ctrl-C/SIGTERM/SIGHUP, the profiled command's exit, every `-p` target's exit, a
+//! stage thread ending), stopping the command (SIGINT, SIGTERM, SIGKILL) and the end-of-run
+//! accounting. Input: a [`SessionConfig`]. Output: the profile, grown while
 //! [`Session::run`] calls its tick callback about every [`TICK`], and at the end a
 //! [`RecordSummary`].
 
@@ -50,6 +51,11 @@ struct Building {
     registry: ProcessRegistry,
     /// Samples built, and the time spent building them.
     built: (u64, Duration),
+    /// With `-p`: the targets (and, with `--subprocesses`, their descendants) not known to have
+    /// exited; the run ends when none is left.
+    alive: Option<std::collections::HashSet<u32>>,
+    /// Follow forks of `alive` processes.
+    follow_forks: bool,
 }
 
 impl Building {
@@ -69,6 +75,11 @@ impl Building {
             Staged::Proc(Event::Exit(p)) => self.registry.on_exit(p.pid),
             Staged::Proc(Event::Fork(p)) => {
                 self.registry.get_or_load(p.pid);
+                if let Some(alive) = self.alive.as_mut().filter(|_| self.follow_forks)
+                    && alive.contains(&p.parent_pid)
+                {
+                    alive.insert(p.pid);
+                }
             }
             Staged::Proc(Event::Sample(_)) => {}
         }
@@ -120,7 +131,7 @@ fn start_collector(
                 command: cmd.join(" "),
                 source,
             };
-            let mut child = spawn::spawn_held(cmd).map_err(spawn_err)?;
+            let mut child = spawn::spawn_held(cmd, cfg.run_as.as_ref()).map_err(spawn_err)?;
             collector.add_target_pid(child.pid())?;
             child.release().map_err(spawn_err)?;
             Some(child)
@@ -188,6 +199,11 @@ impl Session {
             profile: Profile::new(meta),
             registry: ProcessRegistry::new(),
             built: (0, Duration::ZERO),
+            alive: match &cfg.target {
+                Target::Pids(p) => Some(p.iter().copied().collect()),
+                _ => None,
+            },
+            follow_forks: cfg.subprocesses,
         };
         let stage_cfg = pystage::StageConfig {
             gil: cfg.gil,
@@ -228,6 +244,15 @@ impl Session {
             || self.stage.is_finished()
     }
 
+    /// With `-p`: whether every target (and followed descendant) has exited.
+    fn targets_gone(&mut self) -> bool {
+        let Some(alive) = self.b.alive.as_mut() else {
+            return false;
+        };
+        alive.retain(|&pid| running(pid));
+        alive.is_empty()
+    }
+
     /// Builds stacks into the profile until a stop condition holds or `on_tick` returns
     /// [`Flow::Stop`]; `on_tick` is called at the start, then about every [`TICK`]. Returns the
     /// time sampled.
@@ -241,6 +266,9 @@ impl Session {
                 break;
             }
             if now >= next_tick {
+                if self.targets_gone() {
+                    break;
+                }
                 let tick = Tick {
                     elapsed: now - started,
                     lost_samples: self.drain.lost_so_far(),
@@ -279,7 +307,12 @@ impl Session {
         }
         let report = self.stage.finish();
         self.b.profile.meta.duration_s = self.elapsed.as_secs_f64();
-        let summary = summarize(&self.cfg, &mut self.b, &finished, report);
+        let mut summary = summarize(&self.cfg, &mut self.b, &finished, report);
+        // `-- COMMAND` still running: SIGINT, then SIGTERM (then SIGKILL), as perf does.
+        summary.command_status = self
+            .child
+            .as_mut()
+            .map(|c| crate::printable::printable(&c.stop().to_string()).into_owned());
         Ok(Ended {
             profile: self.b.profile,
             summary,
@@ -341,6 +374,16 @@ fn summarize(
         summary.user_cost = Some([(report.samples, report.busy), b.built]);
     }
     summary
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        !matches!(state, Some("Z" | "X") | None)
+    })
 }
 
 fn hostname() -> String {

@@ -54,6 +54,8 @@ pub struct RecordSummary {
     pub program: Option<ProgramStats>,
     /// User-space cost: (samples, time) of the Python stage and of the stack builder.
     pub user_cost: Option<[(u64, Duration); 2]>,
+    /// How `-- COMMAND` ended (`exited with status 3`, `was killed by signal 2 (SIGINT)`).
+    pub command_status: Option<String>,
 }
 
 impl RecordSummary {
@@ -72,6 +74,7 @@ impl RecordSummary {
             python_overflow: None,
             program: None,
             user_cost: None,
+            command_status: None,
         }
     }
 
@@ -92,6 +95,9 @@ impl RecordSummary {
             }
         )?;
         writeln!(w, "pyebpf: lost samples: {}", self.lost_samples)?;
+        if let Some(status) = &self.command_status {
+            writeln!(w, "pyebpf: the command {status}")?;
+        }
         if self.errors.is_empty() {
             writeln!(w, "pyebpf: errors: none")?;
         } else {
@@ -249,6 +255,7 @@ mod tests {
             python_overflow: None,
             program: None,
             user_cost: None,
+            command_status: None,
         };
         let mut buf = Vec::new();
         s.print(&mut buf).unwrap();
@@ -292,11 +299,16 @@ mod tests {
                 verified_insns: Some(123_456),
             }),
             user_cost: None,
+            command_status: Some("exited with status 3".into()),
         };
         let mut buf = Vec::new();
         s.print(&mut buf).unwrap();
         let t = String::from_utf8(buf).unwrap();
         assert!(t.contains("lost samples: 0"), "{t}");
+        assert!(
+            t.contains("pyebpf: the command exited with status 3\n"),
+            "{t}"
+        );
         let line = t.lines().find(|l| l.contains("(42)")).unwrap();
         for want in [
             "python3.12 (42) 3.12",

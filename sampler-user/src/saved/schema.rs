@@ -1,6 +1,8 @@
 //! The protobuf messages of the saved profile, hand-written for prost (no `protoc`).
 //!
-//! Owns: the wire schema of format version 1. The same schema as `.proto` text (field numbers
+//! Owns: the wire schema of format versions 1 and 2 (version 1: one `SavedProfile` with
+//! everything; version 2: one per chunk, each with the fields of its kind, see
+//! [`super::ChunkKind`]). The same schema as `.proto` text (field numbers
 //! are the contract; a reader ignores fields it does not know, so adding fields does not need a
 //! new format version, changing the meaning of one does):
 //!
@@ -16,6 +18,7 @@
 //!   repeated Frame frames = 5;     // FrameId i = frames[i]
 //!   repeated Stack stacks = 6;     // StackId i = stacks[i]
 //!   Samples samples = 7;
+//!   optional uint64 sample_count = 8;  // end chunk (version 2): samples in the file
 //! }
 //!
 //! message RunMeta {
@@ -102,6 +105,9 @@ pub struct SavedProfile {
     /// Samples, column-wise.
     #[prost(message, optional, tag = "7")]
     pub samples: Option<Samples>,
+    /// End chunk: the number of samples in the file.
+    #[prost(uint64, optional, tag = "8")]
+    pub sample_count: Option<u64>,
 }
 
 /// Run metadata.

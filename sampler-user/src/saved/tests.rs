@@ -2,13 +2,14 @@
 //! every length, seeded random corruption, and each error's message.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 
 use prost::Message as _;
 
 use super::*;
 use crate::output::Format;
 use crate::output::tests::demo_profile;
-use crate::profile::{Frame, FrameKind, GilState, Profile, RunMeta, Sample};
+use crate::profile::{Frame, FrameId, FrameKind, GilState, Profile, RunMeta, Sample, StackId};
 
 /// Frames of every kind, optional fields set and unset, non-ASCII names.
 fn rich_frames() -> Vec<Frame> {
@@ -132,6 +133,12 @@ fn save(p: &Profile) -> Vec<u8> {
     buf
 }
 
+fn load_profile(bytes: &[u8]) -> Profile {
+    let l = load_from(bytes).unwrap();
+    assert!(l.complete);
+    l.profile
+}
+
 fn assert_same(a: &Profile, b: &Profile) {
     assert_eq!(a.frames(), b.frames());
     assert_eq!(a.stacks(), b.stacks());
@@ -150,8 +157,8 @@ fn round_trip_keeps_everything() {
     for p in [demo_profile(), rich_profile(), Profile::default()] {
         let bytes = save(&p);
         assert_eq!(bytes[..8], MAGIC);
-        assert_eq!(bytes[8..12], 1u32.to_le_bytes());
-        let q = load_from(&bytes[..]).unwrap();
+        assert_eq!(bytes[8..12], 2u32.to_le_bytes());
+        let q = load_profile(&bytes);
         assert_same(&p, &q);
         // Interning still works on the loaded profile: same frame → same id.
         let mut q = q;
@@ -167,7 +174,7 @@ fn round_trip_keeps_everything() {
 #[test]
 fn outputs_render_identically_from_the_loaded_profile() {
     for p in [demo_profile(), rich_profile()] {
-        let q = load_from(&save(&p)[..]).unwrap();
+        let q = load_profile(&save(&p));
         for (format, name) in Format::ALL {
             let (a, b) = (render(format, &p), render(format, &q));
             // Formats not built yet fail the same way for both.
@@ -182,15 +189,62 @@ fn outputs_render_identically_from_the_loaded_profile() {
     }
 }
 
+/// The chunks of a version 2 file: (kind, offset of the chunk's end).
+fn chunk_ends(file: &[u8]) -> Vec<(u8, usize)> {
+    let mut at = 12;
+    let mut ends = Vec::new();
+    while at < file.len() {
+        let len = u32::from_le_bytes(file[at + 1..at + 5].try_into().unwrap()) as usize;
+        ends.push((file[at], at + 5 + len));
+        at += 5 + len;
+    }
+    assert_eq!(at, file.len());
+    ends
+}
+
+/// A file of several batches of `per_batch` samples.
+fn save_in_batches(p: &Profile, per_batch: usize) -> Vec<u8> {
+    let mut w = SavedWriter::new(Vec::new(), &p.meta).unwrap();
+    for batch in p.samples().chunks(per_batch) {
+        w.write_batch(p.frames(), p.stacks(), batch).unwrap();
+    }
+    w.finish(&p.meta).unwrap()
+}
+
 #[test]
-fn every_truncation_is_an_error() {
+fn every_cut_loads_up_to_its_last_complete_chunk() {
     for p in [demo_profile(), rich_profile(), Profile::default()] {
-        let bytes = save(&p);
-        for len in 0..bytes.len() {
-            match load_from(&bytes[..len]) {
-                Err(FormatError::Corrupt(_)) => {}
-                Err(e) => panic!("prefix of {len} of {} bytes: {e}", bytes.len()),
-                Ok(_) => panic!("prefix of {len} of {} bytes loads", bytes.len()),
+        let bytes = save_in_batches(&p, 7);
+        let ends = chunk_ends(&bytes);
+        assert!(p.samples().is_empty() || ends.len() >= 3, "{ends:?}");
+        // Samples in the batches complete at each chunk end.
+        let mut complete_samples = Vec::new();
+        let mut n = 0;
+        for (kind, end) in &ends {
+            if *kind == ChunkKind::Batch as u8 {
+                n = (n + 7).min(p.samples().len());
+            }
+            complete_samples.push((*end, n));
+        }
+        for len in 0..=bytes.len() {
+            let got = load_from(&bytes[..len]);
+            let Some(&(_, want)) = complete_samples.iter().rev().find(|(end, _)| *end <= len)
+            else {
+                assert!(
+                    matches!(got, Err(FormatError::Corrupt(_))),
+                    "prefix {len} before the start chunk: {got:?}"
+                );
+                continue;
+            };
+            let loaded = got.unwrap_or_else(|e| panic!("prefix {len} of {}: {e}", bytes.len()));
+            assert_eq!(loaded.complete, len == bytes.len(), "prefix {len}");
+            assert_eq!(
+                loaded.profile.samples(),
+                &p.samples()[..want],
+                "prefix {len}"
+            );
+            if loaded.complete {
+                assert_same(&loaded.profile, &p);
             }
         }
     }
@@ -230,16 +284,78 @@ fn flip_rounds(data: &[u8], seed: u64, rounds: usize, check: impl Fn(&[u8])) {
     }
 }
 
+/// The one message of a version 1 file holding `p` (start, batch and end merged).
+fn v1_message(p: &Profile) -> schema::SavedProfile {
+    let file = save_in_batches(p, usize::MAX);
+    let mut merged = schema::SavedProfile::default();
+    let mut at = 12;
+    for (kind, end) in chunk_ends(&file) {
+        let mut body = &file[at + 5..end];
+        let m = schema::SavedProfile::decode(&reader::decompress(&mut body, 1 << 30).unwrap()[..])
+            .unwrap();
+        match kind {
+            1 => {
+                merged.writer = m.writer;
+                merged.writer_version = m.writer_version;
+            }
+            2 => {
+                merged.strings.extend(m.strings);
+                merged.frames.extend(m.frames);
+                merged.stacks.extend(m.stacks);
+                merged.samples = m.samples;
+            }
+            _ => merged.meta = m.meta,
+        }
+        at = end;
+    }
+    merged
+}
+
+/// A version 1 file of a message.
+fn v1_file(m: &schema::SavedProfile) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+    gz.write_all(&m.encode_to_vec()).unwrap();
+    gz.finish().unwrap()
+}
+
+fn load_v1(m: &schema::SavedProfile) -> Result<Profile, FormatError> {
+    load_from(&v1_file(m)[..]).map(|l| l.profile)
+}
+
+#[test]
+fn version_1_files_are_still_read() {
+    for p in [demo_profile(), rich_profile()] {
+        let loaded = load_from(&v1_file(&v1_message(&p))[..]).unwrap();
+        assert!(loaded.complete);
+        assert_same(&loaded.profile, &p);
+    }
+    let mut trailing = v1_file(&v1_message(&demo_profile()));
+    trailing.push(0);
+    assert_eq!(
+        load_from(&trailing[..]).unwrap_err().to_string(),
+        "truncated or corrupt: data after the end of the compressed profile"
+    );
+}
+
 #[test]
 fn random_corruption_never_panics() {
-    let file = save(&rich_profile());
+    let file = save_in_batches(&rich_profile(), 9);
     flip_rounds(&file, 0x5eed_0001, 3000, |d| {
-        let _ = load_from(d);
+        if let Ok(l) = load_from(d) {
+            for f in [Format::Collapsed, Format::Speedscope, Format::Flamegraph] {
+                f.render(&l.profile, &mut Vec::new()).unwrap();
+            }
+        }
     });
     // Below gzip's CRC: corrupt protobuf messages must be refused or loaded, never panic.
-    let payload = decompress(&file[12..]).unwrap();
+    let payload = v1_message(&rich_profile()).encode_to_vec();
     flip_rounds(&payload, 0x5eed_0002, 3000, |d| {
-        if let Ok(p) = decode_payload(d) {
+        let Ok(m) = schema::SavedProfile::decode(d) else {
+            return;
+        };
+        if let Ok(p) = load_v1(&m) {
             // Whatever loads is consistent: every output renders.
             for f in [Format::Collapsed, Format::Speedscope, Format::Flamegraph] {
                 f.render(&p, &mut Vec::new()).unwrap();
@@ -261,7 +377,7 @@ fn error_messages() {
     ));
     assert_eq!(
         msg(&newer),
-        "written by a newer pyebpf (format version 7; this pyebpf reads version 1)"
+        "written by a newer pyebpf (format version 7; this pyebpf reads up to version 2)"
     );
 
     assert_eq!(
@@ -271,7 +387,9 @@ fn error_messages() {
     assert_eq!(msg(b"\x1f\x8b"), "not a pyebpf profile (bad magic)");
     assert_eq!(msg(b""), "truncated or corrupt: empty file");
     assert!(msg(&file[..5]).starts_with("truncated or corrupt: "));
-    assert!(msg(&file[..file.len() - 1]).starts_with("truncated or corrupt: compressed data"));
+    // Cut inside the end chunk: loads, incomplete.
+    let cut = load_from(&file[..file.len() - 1]).unwrap();
+    assert!(!cut.complete);
 
     let mut zero = file.clone();
     zero[8..12].copy_from_slice(&0u32.to_le_bytes());
@@ -281,13 +399,19 @@ fn error_messages() {
     trailing.push(0);
     assert_eq!(
         msg(&trailing),
-        "truncated or corrupt: data after the end of the compressed profile"
+        "truncated or corrupt: data after the end chunk"
     );
 
     let mut header_only = file[..12].to_vec();
-    assert!(msg(&header_only).starts_with("truncated or corrupt: "));
+    assert_eq!(msg(&header_only), "truncated or corrupt: no complete chunk");
     header_only.extend_from_slice(b"garbage");
-    assert!(msg(&header_only).starts_with("truncated or corrupt: compressed data"));
+    assert_eq!(
+        msg(&header_only),
+        "truncated or corrupt: unknown chunk kind 103"
+    );
+    let mut bad_gzip = file[..12].to_vec();
+    bad_gzip.extend_from_slice(&[1, 4, 0, 0, 0, 1, 2, 3, 4]);
+    assert!(msg(&bad_gzip).starts_with("truncated or corrupt: compressed data"));
 
     for bytes in [&newer[..], b"nope", &file[..20], &trailing[..]] {
         assert_eq!(msg(bytes).lines().count(), 1);
@@ -306,7 +430,7 @@ fn load_names_the_file() {
         format!("{}: not a pyebpf profile (bad magic)", path.display())
     );
     std::fs::write(&path, save(&demo_profile())).unwrap();
-    assert_same(&load(&path).unwrap(), &demo_profile());
+    assert_same(&load(&path).unwrap().profile, &demo_profile());
     let e = load(&dir.join("missing.pyebpf")).unwrap_err();
     assert!(matches!(e.error, FormatError::Read(_)), "{e}");
     assert!(
@@ -319,11 +443,11 @@ fn load_names_the_file() {
 /// Checked fields of the message: each inconsistency is refused with its own detail.
 #[test]
 fn inconsistent_messages_are_refused() {
-    let good = encode(&rich_profile()).unwrap();
+    let good = v1_message(&rich_profile());
     let refused = |edit: &dyn Fn(&mut schema::SavedProfile), want: &str| {
         let mut m = good.clone();
         edit(&mut m);
-        let e = decode_payload(&m.encode_to_vec()).unwrap_err().to_string();
+        let e = load_v1(&m).unwrap_err().to_string();
         assert!(
             e.starts_with("truncated or corrupt: ") && e.contains(want),
             "want {want:?} in {e:?}"
@@ -382,7 +506,107 @@ fn inconsistent_messages_are_refused() {
     // Unknown fields (a newer writer's additions) are skipped.
     let mut extended = good.encode_to_vec();
     extended.extend_from_slice(&[0xf8, 0x01, 0x05]); // field 31, varint 5
-    assert_same(&decode_payload(&extended).unwrap(), &rich_profile());
+    let m = schema::SavedProfile::decode(&extended[..]).unwrap();
+    assert_same(&load_v1(&m).unwrap(), &rich_profile());
+}
+
+/// A version 2 file: start chunk, then `chunks` (kind, message) as they are.
+fn crafted(chunks: &[(ChunkKind, schema::SavedProfile)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let w = SavedWriter::new(&mut out, &RunMeta::default()).unwrap();
+    drop(w);
+    for (kind, m) in chunks {
+        writer::write_chunk(&mut out, *kind, m).unwrap();
+    }
+    out
+}
+
+/// A batch of `n` samples all on stack 0 of `depth` copies of one frame.
+fn deep_batch(depth: usize, n: usize, name_len: usize) -> schema::SavedProfile {
+    schema::SavedProfile {
+        strings: vec!["x".repeat(name_len)],
+        frames: vec![schema::Frame {
+            kind: schema::FrameKind::Native as i32,
+            name: 0,
+            module: None,
+            file: None,
+            line: None,
+        }],
+        stacks: vec![schema::Stack {
+            frames: vec![0; depth],
+        }],
+        samples: Some(schema::Samples {
+            time_delta_ns: vec![0; n],
+            cpu: vec![0; n],
+            pid: vec![0; n],
+            tid: vec![0; n],
+            comm: vec![0; n],
+            thread_name: vec![0; n],
+            gil: vec![0; n],
+            stack: vec![0; n],
+        }),
+        ..schema::SavedProfile::default()
+    }
+}
+
+/// Crafted files: each is refused quickly, in one line, before it costs more than its size.
+#[test]
+fn crafted_files_are_refused_within_bounds() {
+    let refused = |file: &[u8], want: &str| {
+        let t0 = std::time::Instant::now();
+        let e = load_from(file).unwrap_err().to_string();
+        assert!(e.contains(want), "want {want:?} in {e:?}");
+        assert_eq!(e.lines().count(), 1);
+        assert!(
+            t0.elapsed().as_secs() < 20,
+            "{want}: took {:?}",
+            t0.elapsed()
+        );
+    };
+    // A chunk that claims 4 GiB: nothing is allocated for it.
+    let mut huge = crafted(&[]);
+    huge.extend_from_slice(&[2, 0xff, 0xff, 0xff, 0xff]);
+    refused(&huge, "a chunk of 4294967295 bytes");
+    // Decompression bomb: 300 MiB of zeros in a few hundred KiB.
+    let mut bomb = crafted(&[]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..300 {
+        gz.write_all(&zeros).unwrap();
+    }
+    let body = gz.finish().unwrap();
+    bomb.push(ChunkKind::Batch as u8);
+    bomb.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    bomb.extend_from_slice(&body);
+    refused(&bomb, "more than 256 MiB uncompressed");
+    // A stack deeper than any recording.
+    refused(
+        &crafted(&[(ChunkKind::Batch, deep_batch(100_000, 1, 1))]),
+        "100000 frames deep",
+    );
+    // Millions of samples of one stack in a small file (what made `script` print 20 GB).
+    refused(
+        &crafted(&[(ChunkKind::Batch, deep_batch(1, 5_000_000, 1))]),
+        "samples in",
+    );
+    // A deep stack repeated: few samples, many frames printed.
+    refused(
+        &crafted(&[(ChunkKind::Batch, deep_batch(1000, 200_000, 1))]),
+        "frames over all samples",
+    );
+    // Long names in deep unique stacks (what made the flame graph take 3 GB).
+    let mut wide = deep_batch(1000, 1, 60_000);
+    for i in 1..500 {
+        wide.stacks.push(schema::Stack {
+            frames: vec![0; 1000 - i],
+        });
+    }
+    refused(&crafted(&[(ChunkKind::Batch, wide)]), "bytes of stack text");
+    // A string longer than any name.
+    refused(
+        &crafted(&[(ChunkKind::Batch, deep_batch(1, 1, 1 << 20))]),
+        "a string of 1048576 bytes",
+    );
 }
 
 #[test]

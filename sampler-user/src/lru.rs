@@ -1,0 +1,137 @@
+//! The crate's one bounded cache type, and its one hasher.
+//!
+//! Owns: [`Lru`], a map that keeps at most `capacity` entries and, when full, drops the least
+//! recently used one (the `lru` crate); [`FastMap`]/[`FastSet`], the hash maps of per-sample
+//! lookups. Every cache of target-derived data (files, frames, names, processes) is an [`Lru`]:
+//! memory is bounded on a host-wide run however many processes come and go, and the entries
+//! still in use are the ones kept (a "clear when full" cache would forget them all at once).
+//!
+//! The hasher is foldhash (already built as hashbrown's default): about as fast as FxHash on
+//! the integer keys of the hot path (pids, addresses, ids) and faster on strings, and seeded
+//! per process, so a target cannot precompute collisions for names or addresses it controls
+//! (FxHash's fixed multiplier can be inverted; std's SipHash showed in the profile).
+
+use std::hash::Hash;
+use std::num::NonZeroUsize;
+
+/// The hasher of every per-sample map.
+pub type FastHasher = foldhash::fast::RandomState;
+/// A `HashMap` with [`FastHasher`].
+pub type FastMap<K, V> = std::collections::HashMap<K, V, FastHasher>;
+/// A `HashSet` with [`FastHasher`].
+pub type FastSet<K> = std::collections::HashSet<K, FastHasher>;
+
+/// A bounded map that evicts its least recently used entry.
+pub struct Lru<K, V> {
+    inner: lru::LruCache<K, V, FastHasher>,
+}
+
+impl<K: Hash + Eq, V> Lru<K, V> {
+    /// A cache of at most `capacity` entries (at least one).
+    pub fn new(capacity: usize) -> Self {
+        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Lru {
+            inner: lru::LruCache::with_hasher(cap, FastHasher::default()),
+        }
+    }
+
+    /// The value of `k`, marking it used.
+    pub fn get(&mut self, k: &K) -> Option<&V> {
+        self.inner.get(k)
+    }
+
+    /// The value of `k`, mutable, marking it used.
+    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        self.inner.get_mut(k)
+    }
+
+    /// The value of `k` without marking it used.
+    pub fn peek(&self, k: &K) -> Option<&V> {
+        self.inner.peek(k)
+    }
+
+    /// Whether `k` is cached (not marking it used).
+    pub fn contains(&self, k: &K) -> bool {
+        self.inner.contains(k)
+    }
+
+    /// Inserts or replaces `k`; returns the entry it displaced: the old value of `k`, or the
+    /// least recently used entry evicted to make room.
+    pub fn insert(&mut self, k: K, v: V) -> Option<(K, V)> {
+        self.inner.push(k, v)
+    }
+
+    /// Removes `k`.
+    pub fn remove(&mut self, k: &K) -> Option<V> {
+        self.inner.pop(k)
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// The bound.
+    pub fn capacity(&self) -> usize {
+        self.inner.cap().get()
+    }
+
+    /// Drops every entry.
+    pub fn clear(&mut self) {
+        self.inner.clear();
+    }
+
+    /// Entries, most recently used first.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.inner.iter()
+    }
+}
+
+impl<K: Hash + Eq + Clone, V> Lru<K, V> {
+    /// Removes every entry for which `keep` is false (a scan: for rare events such as a
+    /// process exit, not per sample).
+    pub fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
+        let doomed: Vec<K> = self
+            .inner
+            .iter()
+            .filter(|(k, v)| !keep(k, v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            self.inner.pop(&k);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_the_least_recently_used() {
+        let mut c = Lru::new(2);
+        assert!(c.insert(1, "a").is_none());
+        assert!(c.insert(2, "b").is_none());
+        assert_eq!(c.get(&1), Some(&"a")); // 2 is now the oldest
+        assert_eq!(c.insert(3, "c"), Some((2, "b")));
+        assert!(c.contains(&1) && c.contains(&3) && !c.contains(&2));
+        assert_eq!(
+            c.insert(3, "d"),
+            Some((3, "c")),
+            "a replaced value is returned"
+        );
+        assert_eq!(c.len(), 2);
+        c.retain(|k, _| *k != 1);
+        assert_eq!(c.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [3]);
+        assert_eq!(
+            Lru::<u8, u8>::new(0).capacity(),
+            1,
+            "never unbounded, never zero"
+        );
+    }
+}

@@ -1,0 +1,461 @@
+//! Reading the saved format: chunks (version 2) or the single message of version 1, into a
+//! [`Profile`], within limits that keep a crafted file from costing more than its size.
+//!
+//! Every count and size is checked before it is allocated or rendered: a chunk against
+//! [`MAX_CHUNK`] and against what is left of the file, the decompressed total against
+//! [`MAX_PAYLOAD`], each string against [`MAX_STRING`], each stack against
+//! [`MAX_STACK_DEPTH`], and the work a renderer will do against the bytes read so far: samples
+//! ([`SAMPLES_PER_BYTE`]), frames over all samples (what `script` and speedscope print,
+//! [`FRAME_REFS_PER_BYTE`]) and the text of the unique stacks (what the flame graph and the
+//! folded stacks print, [`TEXT_PER_BYTE`]). An honest recording stays far below each ratio
+//! (about 7 bytes per sample, stacks of at most a few hundred frames), a decompression bomb or a
+//! file that repeats one deep stack millions of times does not.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+use std::sync::Arc;
+
+use prost::Message as _;
+
+use super::{ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema};
+use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample, StackId};
+
+/// Largest chunk body (compressed), and largest decompressed chunk.
+pub const MAX_CHUNK: u64 = 256 << 20;
+/// Largest decompressed total (1 GiB, about 70 million samples).
+pub const MAX_PAYLOAD: u64 = 1 << 30;
+/// Longest string (names are at most a few KiB).
+pub const MAX_STRING: usize = 64 << 10;
+/// Deepest stack (`record` makes at most 256 Python + 256 native + 127 kernel frames and a few
+/// markers).
+pub const MAX_STACK_DEPTH: usize = 1024;
+/// Samples per byte of file, plus [`SLACK`] (an honest file spends several bytes per sample).
+pub const SAMPLES_PER_BYTE: u64 = 16;
+/// Frames over all samples, per byte of file, plus 4 × [`SLACK`].
+pub const FRAME_REFS_PER_BYTE: u64 = 1024;
+/// Bytes of frame text over all unique stacks, per byte of file, plus 64 × [`SLACK`].
+pub const TEXT_PER_BYTE: u64 = 4096;
+/// What any file may use before the per-byte ratios apply.
+pub const SLACK: u64 = 1 << 20;
+
+/// How a load ended.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The profile.
+    pub profile: Profile,
+    /// `false` when the file has no end chunk (the run was killed or is still writing): the
+    /// profile holds the samples up to its last complete chunk; duration, lost samples and
+    /// errors are not known.
+    pub complete: bool,
+}
+
+/// Reads bytes and counts them.
+struct Counting<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads until `buf` is full or the stream ends; the number of bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, FormatError> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FormatError::Read(e)),
+        }
+    }
+    Ok(n)
+}
+
+fn corrupt(s: impl Into<String>) -> FormatError {
+    FormatError::Corrupt(s.into())
+}
+
+/// Reads a saved profile from a stream.
+pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
+    let mut r = Counting {
+        inner: io::BufReader::new(reader),
+        read: 0,
+    };
+    let version = read_header(&mut r)?;
+    let mut b = Builder::default();
+    if version == 1 {
+        // One gzip member holding one message with everything.
+        let mut file = Vec::new();
+        (&mut r)
+            .take(MAX_PAYLOAD + 1)
+            .read_to_end(&mut file)
+            .map_err(FormatError::Read)?;
+        let mut rest = &file[..];
+        let payload = decompress(&mut rest, MAX_PAYLOAD)?;
+        if !rest.is_empty() {
+            return Err(corrupt("data after the end of the compressed profile"));
+        }
+        let msg = decode_message(&payload)?;
+        b.start(&msg)?;
+        b.batch(msg.strings, msg.frames, msg.stacks, msg.samples, r.read)?;
+        b.end(msg.meta, None)?;
+        return b.finish();
+    }
+    let mut payload_total = 0u64;
+    loop {
+        let mut head = [0u8; 5];
+        let n = read_full(&mut r, &mut head)?;
+        if n == 0 {
+            break;
+        }
+        if b.ended {
+            return Err(corrupt("data after the end chunk"));
+        }
+        if n < head.len() {
+            b.cut = true;
+            break;
+        }
+        let kind = ChunkKind::from_byte(head[0])
+            .ok_or_else(|| corrupt(format!("unknown chunk kind {}", head[0])))?;
+        let len = u64::from(u32::from_le_bytes([head[1], head[2], head[3], head[4]]));
+        if len > MAX_CHUNK {
+            return Err(corrupt(format!("a chunk of {len} bytes")));
+        }
+        // Read through a bounded reader: a declared length beyond the end of the file costs
+        // only what the file holds.
+        let mut body = Vec::new();
+        (&mut r)
+            .take(len)
+            .read_to_end(&mut body)
+            .map_err(FormatError::Read)?;
+        if (body.len() as u64) < len {
+            // Cut inside this chunk: the run was killed while writing it.
+            b.cut = true;
+            break;
+        }
+        let mut rest = &body[..];
+        let payload = decompress(&mut rest, MAX_CHUNK)?;
+        if !rest.is_empty() {
+            return Err(corrupt("data after the compressed message of a chunk"));
+        }
+        payload_total += payload.len() as u64;
+        if payload_total > MAX_PAYLOAD {
+            return Err(corrupt(format!(
+                "more than {} MiB uncompressed",
+                MAX_PAYLOAD >> 20
+            )));
+        }
+        let msg = decode_message(&payload)?;
+        match kind {
+            ChunkKind::Start => b.start(&msg)?,
+            ChunkKind::Batch => {
+                b.batch(msg.strings, msg.frames, msg.stacks, msg.samples, r.read)?;
+            }
+            ChunkKind::End => b.end(msg.meta, msg.sample_count)?,
+        }
+    }
+    b.finish()
+}
+
+/// Reads and checks the magic and the format version.
+fn read_header(r: &mut impl Read) -> Result<u32, FormatError> {
+    let mut header = [0u8; 12];
+    let n = read_full(r, &mut header)?;
+    if n == 0 {
+        return Err(corrupt("empty file"));
+    }
+    let magic_len = n.min(MAGIC.len());
+    if header[..magic_len] != MAGIC[..magic_len] {
+        return Err(FormatError::BadMagic);
+    }
+    if n < header.len() {
+        return Err(corrupt(format!(
+            "{n}-byte file, shorter than the 12-byte header"
+        )));
+    }
+    let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    if version > FORMAT_VERSION {
+        return Err(FormatError::Newer { version });
+    }
+    if version == 0 {
+        return Err(corrupt("format version 0"));
+    }
+    Ok(version)
+}
+
+/// Decompresses one gzip member from `r`, up to `max` bytes.
+pub(super) fn decompress(r: &mut &[u8], max: u64) -> Result<Vec<u8>, FormatError> {
+    let corrupt_or_read = |e: io::Error| match e.kind() {
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput | io::ErrorKind::UnexpectedEof => {
+            corrupt(format!("compressed data: {e}"))
+        }
+        _ => FormatError::Read(e),
+    };
+    let mut limited = flate2::bufread::GzDecoder::new(r).take(max + 1);
+    let mut payload = Vec::new();
+    limited.read_to_end(&mut payload).map_err(corrupt_or_read)?;
+    if payload.len() as u64 > max {
+        return Err(corrupt(format!("more than {} MiB uncompressed", max >> 20)));
+    }
+    if payload.is_empty() {
+        return Err(corrupt("no profile after the header"));
+    }
+    Ok(payload)
+}
+
+fn decode_message(payload: &[u8]) -> Result<schema::SavedProfile, FormatError> {
+    schema::SavedProfile::decode(payload).map_err(|e| corrupt(format!("bad message: {e}")))
+}
+
+/// The profile being read, chunk by chunk; every index is checked against what came before.
+#[derive(Default)]
+struct Builder {
+    started: bool,
+    ended: bool,
+    /// The file ends inside a chunk.
+    cut: bool,
+    meta: RunMeta,
+    strings: Vec<Arc<str>>,
+    frames: Vec<Frame>,
+    /// Text bytes of each frame (what a folded line spends on it).
+    frame_text: Vec<u64>,
+    stacks: Vec<Box<[FrameId]>>,
+    samples: Vec<Sample>,
+    frame_refs: u64,
+    stack_text: u64,
+}
+
+impl Builder {
+    fn start(&mut self, msg: &schema::SavedProfile) -> Result<(), FormatError> {
+        if self.started {
+            return Err(corrupt("two start chunks"));
+        }
+        if msg.writer.is_empty() {
+            return Err(corrupt("no writer name"));
+        }
+        self.meta = decode_meta(msg.meta.clone().ok_or_else(|| corrupt("no run metadata"))?)?;
+        self.started = true;
+        Ok(())
+    }
+
+    fn string(&self, i: u32, what: &dyn Fn() -> String) -> Result<Arc<str>, FormatError> {
+        self.strings.get(i as usize).cloned().ok_or_else(|| {
+            corrupt(format!(
+                "{} names string {i}, but there are {} strings",
+                what(),
+                self.strings.len()
+            ))
+        })
+    }
+
+    /// Adds one batch; `read` is the number of file bytes read so far (the limits' base).
+    fn batch(
+        &mut self,
+        strings: Vec<String>,
+        frames: Vec<schema::Frame>,
+        stacks: Vec<schema::Stack>,
+        samples: Option<schema::Samples>,
+        read: u64,
+    ) -> Result<(), FormatError> {
+        if !self.started || self.ended {
+            return Err(corrupt("samples outside the start and end chunks"));
+        }
+        for s in strings {
+            if s.len() > MAX_STRING {
+                return Err(corrupt(format!("a string of {} bytes", s.len())));
+            }
+            self.strings.push(Arc::from(s));
+        }
+        for f in frames {
+            let i = self.frames.len();
+            let what = || format!("frame {i}");
+            let kind = schema::FrameKind::try_from(f.kind)
+                .ok()
+                .and_then(kind_from_wire)
+                .ok_or_else(|| corrupt(format!("frame {i} has unknown kind {}", f.kind)))?;
+            let frame = Frame {
+                kind,
+                name: self.string(f.name, &what)?,
+                module: f.module.map(|m| self.string(m, &what)).transpose()?,
+                file: f.file.map(|m| self.string(m, &what)).transpose()?,
+                line: f.line,
+            };
+            let text = frame.name.len()
+                + frame.module.as_ref().map_or(0, |m| m.len())
+                + frame.file.as_ref().map_or(0, |m| m.len())
+                + 16;
+            self.frame_text.push(text as u64);
+            self.frames.push(frame);
+        }
+        for s in stacks {
+            let i = self.stacks.len();
+            if s.frames.len() > MAX_STACK_DEPTH {
+                return Err(corrupt(format!(
+                    "stack {i} is {} frames deep (at most {MAX_STACK_DEPTH})",
+                    s.frames.len()
+                )));
+            }
+            let mut text = 0u64;
+            for &f in &s.frames {
+                text += self.frame_text.get(f as usize).copied().ok_or_else(|| {
+                    corrupt(format!(
+                        "stack {i} refers to frame {f}, but there are {} frames",
+                        self.frames.len()
+                    ))
+                })?;
+            }
+            self.stack_text += text;
+            self.stacks
+                .push(s.frames.into_iter().map(FrameId).collect());
+        }
+        let cols = samples.ok_or_else(|| corrupt("no samples"))?;
+        self.samples(&cols)?;
+        self.check_cost(read)
+    }
+
+    fn samples(&mut self, cols: &schema::Samples) -> Result<(), FormatError> {
+        let n = cols.stack.len();
+        let lengths = [
+            cols.time_delta_ns.len(),
+            cols.cpu.len(),
+            cols.pid.len(),
+            cols.tid.len(),
+            cols.comm.len(),
+            cols.thread_name.len(),
+            cols.gil.len(),
+        ];
+        if lengths.iter().any(|&l| l != n) {
+            return Err(corrupt(format!(
+                "sample columns of different lengths ({n} stacks, {lengths:?} other fields)"
+            )));
+        }
+        self.samples.reserve(n);
+        let mut time = 0u64;
+        for i in 0..n {
+            let at = self.samples.len();
+            let what = || format!("sample {at}");
+            time = time.wrapping_add(cols.time_delta_ns[i] as u64);
+            let gil = schema::GilState::try_from(cols.gil[i]).map_err(|_| {
+                corrupt(format!("sample {at} has unknown GIL state {}", cols.gil[i]))
+            })?;
+            let stack = cols.stack[i];
+            let depth = self
+                .stacks
+                .get(stack as usize)
+                .map(|s| s.len())
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "sample {at} refers to stack {stack}, but there are {} stacks",
+                        self.stacks.len()
+                    ))
+                })?;
+            self.frame_refs += depth as u64;
+            self.samples.push(Sample {
+                stack: StackId(stack),
+                time_ns: time,
+                pid: cols.pid[i],
+                tid: cols.tid[i],
+                cpu: cols.cpu[i],
+                comm: self.string(cols.comm[i], &what)?,
+                thread_name: self.string(cols.thread_name[i], &what)?,
+                gil: gil_from_wire(gil),
+            });
+        }
+        Ok(())
+    }
+
+    /// What rendering will cost, against the bytes the file spent on it (module header).
+    fn check_cost(&self, read: u64) -> Result<(), FormatError> {
+        let over = |what: &str, have: u64, per_byte: u64, slack: u64| {
+            if have > read.saturating_mul(per_byte).saturating_add(slack) {
+                Err(corrupt(format!(
+                    "{have} {what} in {read} bytes: more than any recording holds"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        over(
+            "samples",
+            self.samples.len() as u64,
+            SAMPLES_PER_BYTE,
+            SLACK,
+        )?;
+        over(
+            "frames over all samples",
+            self.frame_refs,
+            FRAME_REFS_PER_BYTE,
+            4 * SLACK,
+        )?;
+        over(
+            "bytes of stack text",
+            self.stack_text,
+            TEXT_PER_BYTE,
+            64 * SLACK,
+        )
+    }
+
+    fn end(
+        &mut self,
+        meta: Option<schema::RunMeta>,
+        sample_count: Option<u64>,
+    ) -> Result<(), FormatError> {
+        if !self.started || self.ended {
+            return Err(corrupt("an end chunk out of place"));
+        }
+        self.meta = decode_meta(meta.ok_or_else(|| corrupt("no run metadata"))?)?;
+        if let Some(n) = sample_count.filter(|&n| n != self.samples.len() as u64) {
+            return Err(corrupt(format!(
+                "{} samples, the end chunk counts {n}",
+                self.samples.len()
+            )));
+        }
+        self.ended = true;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Loaded, FormatError> {
+        if !self.started {
+            return Err(corrupt("no complete chunk"));
+        }
+        if !self.ended {
+            // What the run would have written at its end: the time it covered.
+            let (lo, hi) = self.samples.iter().fold((u64::MAX, 0), |(lo, hi), s| {
+                (lo.min(s.time_ns), hi.max(s.time_ns))
+            });
+            if hi >= lo {
+                self.meta.duration_s = (hi - lo) as f64 / 1e9;
+            }
+        }
+        let complete = self.ended && !self.cut;
+        let profile = Profile::from_parts(self.meta, self.frames, self.stacks, self.samples)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(Loaded { profile, complete })
+    }
+}
+
+fn decode_meta(m: schema::RunMeta) -> Result<RunMeta, FormatError> {
+    let mut errors = BTreeMap::new();
+    for e in m.errors {
+        if errors.insert(e.kind.clone(), e.count).is_some() {
+            return Err(corrupt(format!("error kind {:?} listed twice", e.kind)));
+        }
+    }
+    Ok(RunMeta {
+        host: m.host,
+        kernel: m.kernel,
+        start_unix_s: m.start_unix_s,
+        duration_s: m.duration_s,
+        rate_hz: m.rate_hz,
+        cpus: usize::try_from(m.cpus).map_err(|_| corrupt(format!("{} CPUs", m.cpus)))?,
+        command_line: m.command_line,
+        lost_samples: m.lost_samples,
+        errors,
+    })
+}

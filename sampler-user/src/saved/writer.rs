@@ -1,0 +1,224 @@
+//! Writing the saved format: [`SavedWriter`] streams a run as it is sampled, one chunk per
+//! batch, so a run that is killed keeps everything up to its last chunk.
+//!
+//! API (small on purpose, for whoever feeds it): [`SavedWriter::new`] with the metadata known at
+//! the start; [`SavedWriter::write_batch`] with every frame and stack interned so far (ids from
+//! 0, as [`Profile`] hands them out: only the ones not written yet are written) and the samples
+//! gathered since the previous batch (they can be dropped from memory afterwards);
+//! [`SavedWriter::finish`] with the final metadata (duration, lost samples, errors).
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use prost::Message as _;
+
+use super::{ChunkKind, FORMAT_VERSION, MAGIC, WRITER, gil_to_wire, kind_to_wire, schema};
+use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample};
+
+/// Samples per chunk when a whole profile is saved at once ([`super::Saved`]).
+pub const SAMPLES_PER_CHUNK: usize = 1 << 16;
+
+/// A saved profile being written.
+pub struct SavedWriter<W: Write> {
+    out: W,
+    strings: Strings,
+    /// Frames and stacks already written (the next batch starts at these ids).
+    frames: usize,
+    stacks: usize,
+    samples: u64,
+}
+
+impl<W: Write> SavedWriter<W> {
+    /// Writes the header and the start chunk (writer, `meta` as known at the start).
+    pub fn new(mut out: W, meta: &RunMeta) -> io::Result<Self> {
+        let mut head = MAGIC.to_vec();
+        head.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.write_all(&head)?;
+        let msg = schema::SavedProfile {
+            writer: WRITER.to_string(),
+            writer_version: env!("CARGO_PKG_VERSION").to_string(),
+            meta: Some(meta_to_wire(meta)),
+            ..schema::SavedProfile::default()
+        };
+        write_chunk(&mut out, ChunkKind::Start, &msg)?;
+        Ok(SavedWriter {
+            out,
+            strings: Strings::default(),
+            frames: 0,
+            stacks: 0,
+            samples: 0,
+        })
+    }
+
+    /// Writes one chunk: the frames and stacks of `frames`/`stacks` not written yet (both are
+    /// every one interned so far), and `samples`. Nothing is written for an empty batch.
+    pub fn write_batch(
+        &mut self,
+        frames: &[Frame],
+        stacks: &[Box<[FrameId]>],
+        samples: &[Sample],
+    ) -> io::Result<()> {
+        let (new_frames, new_stacks) = (
+            frames.get(self.frames..).unwrap_or_default(),
+            stacks.get(self.stacks..).unwrap_or_default(),
+        );
+        if new_frames.is_empty() && new_stacks.is_empty() && samples.is_empty() {
+            return Ok(());
+        }
+        let first_string = self.strings.list.len();
+        let frames_msg = new_frames
+            .iter()
+            .map(|f| {
+                Ok(schema::Frame {
+                    kind: kind_to_wire(f.kind) as i32,
+                    name: self.strings.index(&f.name)?,
+                    module: f
+                        .module
+                        .as_deref()
+                        .map(|m| self.strings.index(m))
+                        .transpose()?,
+                    file: f
+                        .file
+                        .as_deref()
+                        .map(|m| self.strings.index(m))
+                        .transpose()?,
+                    line: f.line,
+                })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let stacks_msg = new_stacks
+            .iter()
+            .map(|s| schema::Stack {
+                frames: s.iter().map(|f| f.0).collect(),
+            })
+            .collect();
+        let cols = self.columns(samples)?;
+        let msg = schema::SavedProfile {
+            strings: self.strings.list[first_string..].to_vec(),
+            frames: frames_msg,
+            stacks: stacks_msg,
+            samples: Some(cols),
+            ..schema::SavedProfile::default()
+        };
+        write_chunk(&mut self.out, ChunkKind::Batch, &msg)?;
+        self.frames = frames.len();
+        self.stacks = stacks.len();
+        self.samples += samples.len() as u64;
+        Ok(())
+    }
+
+    /// The sample columns of a batch; time deltas start from 0 in every batch.
+    fn columns(&mut self, samples: &[Sample]) -> io::Result<schema::Samples> {
+        let n = samples.len();
+        let mut cols = schema::Samples {
+            time_delta_ns: Vec::with_capacity(n),
+            cpu: Vec::with_capacity(n),
+            pid: Vec::with_capacity(n),
+            tid: Vec::with_capacity(n),
+            comm: Vec::with_capacity(n),
+            thread_name: Vec::with_capacity(n),
+            gil: Vec::with_capacity(n),
+            stack: Vec::with_capacity(n),
+        };
+        let mut prev = 0u64;
+        for s in samples {
+            cols.time_delta_ns.push(s.time_ns.wrapping_sub(prev) as i64);
+            prev = s.time_ns;
+            cols.cpu.push(s.cpu);
+            cols.pid.push(s.pid);
+            cols.tid.push(s.tid);
+            cols.comm.push(self.strings.index(&s.comm)?);
+            cols.thread_name.push(self.strings.index(&s.thread_name)?);
+            cols.gil.push(gil_to_wire(s.gil) as i32);
+            cols.stack.push(s.stack.0);
+        }
+        Ok(cols)
+    }
+
+    /// Writes the end chunk (the final `meta`, the number of samples) and flushes; returns the
+    /// writer.
+    pub fn finish(mut self, meta: &RunMeta) -> io::Result<W> {
+        let msg = schema::SavedProfile {
+            meta: Some(meta_to_wire(meta)),
+            sample_count: Some(self.samples),
+            ..schema::SavedProfile::default()
+        };
+        write_chunk(&mut self.out, ChunkKind::End, &msg)?;
+        Ok(self.out)
+    }
+}
+
+/// Writes a whole profile: start, batches of [`SAMPLES_PER_CHUNK`] samples, end.
+pub fn write_profile(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    let mut w = SavedWriter::new(out, &profile.meta)?;
+    let samples = profile.samples();
+    if samples.is_empty() {
+        w.write_batch(profile.frames(), profile.stacks(), &[])?;
+    }
+    for batch in samples.chunks(SAMPLES_PER_CHUNK) {
+        w.write_batch(profile.frames(), profile.stacks(), batch)?;
+    }
+    w.finish(&profile.meta)?;
+    Ok(())
+}
+
+/// One chunk: its kind, the length of its body, then the body (one gzip member holding the
+/// message), written with one `write_all` and flushed.
+pub(super) fn write_chunk(
+    out: &mut dyn Write,
+    kind: ChunkKind,
+    msg: &schema::SavedProfile,
+) -> io::Result<()> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&msg.encode_to_vec())?;
+    let body = gz.finish()?;
+    let len = u32::try_from(body.len())
+        .map_err(|_| io::Error::other("a saved chunk of more than 4 GiB"))?;
+    let mut chunk = Vec::with_capacity(body.len() + 5);
+    chunk.push(kind as u8);
+    chunk.extend_from_slice(&len.to_le_bytes());
+    chunk.extend_from_slice(&body);
+    out.write_all(&chunk)?;
+    out.flush()
+}
+
+pub(super) fn meta_to_wire(m: &RunMeta) -> schema::RunMeta {
+    schema::RunMeta {
+        host: m.host.clone(),
+        kernel: m.kernel.clone(),
+        start_unix_s: m.start_unix_s,
+        duration_s: m.duration_s,
+        rate_hz: m.rate_hz,
+        cpus: m.cpus as u64,
+        command_line: m.command_line.clone(),
+        lost_samples: m.lost_samples,
+        errors: m
+            .errors
+            .iter()
+            .map(|(kind, &count)| schema::ErrorCount {
+                kind: kind.clone(),
+                count,
+            })
+            .collect(),
+    }
+}
+
+/// The string table being written.
+#[derive(Default)]
+pub(super) struct Strings {
+    pub(super) list: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Strings {
+    pub(super) fn index(&mut self, s: &str) -> io::Result<u32> {
+        if let Some(&i) = self.index.get(s) {
+            return Ok(i);
+        }
+        let i = u32::try_from(self.list.len())
+            .map_err(|_| io::Error::other("more than 2^32 strings to save"))?;
+        self.list.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        Ok(i)
+    }
+}
