@@ -17,6 +17,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 use super::CoreFile;
 use crate::python::memory::{MAX_READ, MemError, PAGE, ReadMemory};
@@ -30,16 +31,16 @@ const MAX_OPEN_FILES: usize = 4096;
 #[derive(Debug)]
 pub struct MappedFiles {
     root: PathBuf,
-    open: RefCell<HashMap<String, Option<Arc<File>>>>,
-    missing: RefCell<BTreeSet<String>>,
+    open: Mutex<HashMap<String, Option<Arc<File>>>>,
+    missing: Mutex<BTreeSet<String>>,
 }
 
 impl MappedFiles {
     pub fn new(root: &Path) -> MappedFiles {
         MappedFiles {
             root: root.to_owned(),
-            open: RefCell::new(HashMap::new()),
-            missing: RefCell::new(BTreeSet::new()),
+            open: Mutex::new(HashMap::new()),
+            missing: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -62,7 +63,7 @@ impl MappedFiles {
 
     /// The open file behind `path`, once; a file that cannot be opened is remembered as missing.
     pub fn open(&self, path: &str) -> Option<Arc<File>> {
-        if let Some(f) = self.open.borrow().get(path) {
+        if let Some(f) = self.open.lock().ok()?.get(path) {
             return f.clone();
         }
         let host = self.host_path(path);
@@ -71,20 +72,28 @@ impl MappedFiles {
             .and_then(|p| File::open(p).ok())
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
             .map(Arc::new);
-        if file.is_none() && host.is_some() && expected_on_disk(path) {
-            self.missing.borrow_mut().insert(path.to_owned());
+        if file.is_none()
+            && host.is_some()
+            && expected_on_disk(path)
+            && let Ok(mut missing) = self.missing.lock()
+        {
+            missing.insert(path.to_owned());
         }
-        let mut open = self.open.borrow_mut();
-        if open.len() >= MAX_OPEN_FILES {
-            open.clear();
+        if let Ok(mut open) = self.open.lock() {
+            if open.len() >= MAX_OPEN_FILES {
+                open.clear();
+            }
+            open.insert(path.to_owned(), file.clone());
         }
-        open.insert(path.to_owned(), file.clone());
         file
     }
 
     /// Mapped files that were needed and could not be found under the root, sorted.
     pub fn missing(&self) -> Vec<String> {
-        self.missing.borrow().iter().cloned().collect()
+        self.missing
+            .lock()
+            .map(|m| m.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -101,15 +110,15 @@ fn expected_on_disk(path: &str) -> bool {
 #[derive(Debug)]
 pub struct CoreMemory {
     core: Arc<CoreFile>,
-    files: MappedFiles,
+    files: Arc<MappedFiles>,
     cache: RefCell<HashMap<u64, Option<Box<[u8]>>>>,
 }
 
 impl CoreMemory {
-    pub fn new(core: Arc<CoreFile>, root: &Path) -> CoreMemory {
+    pub fn new(core: Arc<CoreFile>, files: Arc<MappedFiles>) -> CoreMemory {
         CoreMemory {
             core,
-            files: MappedFiles::new(root),
+            files,
             cache: RefCell::new(HashMap::new()),
         }
     }

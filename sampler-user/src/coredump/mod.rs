@@ -27,7 +27,13 @@ use object::LittleEndian;
 use object::elf::{FileHeader32, FileHeader64, PT_LOAD, PT_NOTE};
 use object::read::elf::{FileHeader as _, NoteIterator, ProgramHeader as _};
 
-pub use memory::CoreMemory;
+pub use memory::{CoreMemory, MappedFiles};
+
+use crate::procs::{Mapping, Perms};
+
+/// The device number given to a core's mapped files (cores do not record it; no file system
+/// has this one, so per-file caches keyed by device and inode never mix them with live files).
+pub const CORE_DEVICE: (u32, u32) = (u32::MAX, u32::MAX);
 pub use notes::{FileMapping, ProcessInfo, Registers, ThreadStatus};
 
 /// Most program headers accepted (one per mapping: `vm.max_map_count` is 65530 by default).
@@ -44,14 +50,18 @@ pub enum CoreError {
     Io { path: String, source: io::Error },
     #[error("{path} is not a core file (not ELF)")]
     NotElf { path: String },
-    #[error("{path} is an ELF file of type {kind}, not a core dump")]
+    #[error("{path} is {}, not a core dump", elf_kind(*kind))]
     NotCore { path: String, kind: u16 },
     #[error("{path} is a core dump of {machine}; this pyebpf reads x86-64 cores")]
     OtherArchitecture { path: String, machine: String },
     #[error(
         "{path} is truncated: its contents end at byte {needed}, the file has {size} bytes (core size limit or a full disk?)"
     )]
-    Truncated { path: String, needed: u64, size: u64 },
+    Truncated {
+        path: String,
+        needed: u64,
+        size: u64,
+    },
     #[error("{path} is a malformed core file: {detail}")]
     Malformed { path: String, detail: String },
     #[error("{path} holds no thread (no NT_PRSTATUS note)")]
@@ -70,6 +80,8 @@ pub struct Load {
     pub memsz: u64,
     pub offset: u64,
     pub filesz: u64,
+    /// `p_flags`: `PF_X` 1, `PF_W` 2, `PF_R` 4 (the mapping's permissions).
+    pub flags: u32,
 }
 
 /// An opened, checked core file.
@@ -88,6 +100,15 @@ pub struct CoreFile {
     pub process: ProcessInfo,
     /// `NT_FILE` entries, sorted by address.
     pub files: Vec<FileMapping>,
+}
+
+fn elf_kind(kind: u16) -> String {
+    match kind {
+        object::elf::ET_REL => "an ELF object file".into(),
+        object::elf::ET_EXEC => "an ELF executable".into(),
+        object::elf::ET_DYN => "an ELF shared object or executable".into(),
+        other => format!("an ELF file of type {other}"),
+    }
 }
 
 fn machine_name(m: u16) -> String {
@@ -142,6 +163,63 @@ impl CoreFile {
         (addr < f.end).then_some(f)
     }
 
+    /// The process's mappings, as `procs` describes them: one per `NT_FILE` entry (permissions
+    /// from the `PT_LOAD` segment at its start; gdb writes no segment at all for the mappings
+    /// it leaves out, so then from `file_flags`, the flags of the mapped file's own segment;
+    /// device and inode are not in cores, so every path gets a device no file system has and an
+    /// inode of its own), and one per `PT_LOAD` segment no file maps (anonymous memory: stacks,
+    /// heap, JIT code).
+    pub fn mappings(&self, file_flags: &dyn Fn(&FileMapping) -> Option<u32>) -> Vec<Mapping> {
+        let flags_of = |f: &FileMapping| {
+            self.load_for(f.start)
+                .map(|l| l.flags)
+                .or_else(|| file_flags(f))
+                .unwrap_or(object::elf::PF_R)
+        };
+        let perms = |flags: u32| Perms {
+            read: flags & object::elf::PF_R != 0,
+            write: flags & object::elf::PF_W != 0,
+            exec: flags & object::elf::PF_X != 0,
+            shared: false,
+        };
+        let mut ids: Vec<&str> = Vec::new();
+        let mut out: Vec<Mapping> = Vec::new();
+        for f in &self.files {
+            let inode = if let Some(i) = ids.iter().position(|p| *p == f.path) {
+                i as u64 + 1
+            } else {
+                ids.push(&f.path);
+                ids.len() as u64
+            };
+            out.push(Mapping {
+                start: f.start,
+                end: f.end,
+                file_offset: f.offset,
+                perms: perms(flags_of(f)),
+                dev: CORE_DEVICE,
+                inode,
+                path: Some(PathBuf::from(&f.path)),
+            });
+        }
+        for l in &self.loads {
+            let end = l.vaddr.saturating_add(l.memsz);
+            if self.files.iter().any(|f| f.start < end && l.vaddr < f.end) {
+                continue;
+            }
+            out.push(Mapping {
+                start: l.vaddr,
+                end,
+                file_offset: 0,
+                perms: perms(l.flags),
+                dev: (0, 0),
+                inode: 0,
+                path: None,
+            });
+        }
+        out.sort_by_key(|m| m.start);
+        out
+    }
+
     /// The pid the process had (from `NT_PRPSINFO`, else the first thread's id).
     pub fn pid(&self) -> u32 {
         if self.process.pid != 0 {
@@ -183,19 +261,13 @@ fn read_vec(data: &File, offset: u64, len: u64, name: &str) -> Result<Vec<u8>, C
     Ok(v)
 }
 
-fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreError> {
-    let name = path.display().to_string();
-    let size = data
-        .metadata()
-        .map_err(|source| CoreError::Io {
-            path: name.clone(),
-            source,
-        })?
-        .len();
+/// Checks the ELF header: a little-endian ELF64 x86-64 core. Returns the header bytes.
+fn check_header(data: &File, name: &str) -> Result<[u8; 64], CoreError> {
     let malformed = |detail: &str| CoreError::Malformed {
-        path: name.clone(),
+        path: name.to_owned(),
         detail: detail.to_owned(),
     };
+    let name = name.to_owned();
     let mut head = [0u8; 64];
     let got = data.read_at(&mut head, 0).unwrap_or(0);
     if got < 20 || &head[..4] != b"\x7fELF" {
@@ -205,11 +277,13 @@ fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreErro
     // Class and byte order first: a 32-bit or big-endian core is another architecture.
     let (kind, machine) = match (head[4], head[5]) {
         (object::elf::ELFCLASS64, object::elf::ELFDATA2LSB) if got == 64 => {
-            let h = FileHeader64::<LittleEndian>::parse(&head[..]).map_err(|e| malformed(&e.to_string()))?;
+            let h = FileHeader64::<LittleEndian>::parse(&head[..])
+                .map_err(|e| malformed(&e.to_string()))?;
             (h.e_type(le), h.e_machine(le))
         }
         (object::elf::ELFCLASS32, object::elf::ELFDATA2LSB) => {
-            let h = FileHeader32::<LittleEndian>::parse(&head[..]).map_err(|e| malformed(&e.to_string()))?;
+            let h = FileHeader32::<LittleEndian>::parse(&head[..])
+                .map_err(|e| malformed(&e.to_string()))?;
             (h.e_type(le), h.e_machine(le))
         }
         (_, object::elf::ELFDATA2MSB) => {
@@ -231,7 +305,26 @@ fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreErro
             },
         });
     }
-    let h = FileHeader64::<LittleEndian>::parse(&head[..]).map_err(|e| malformed(&e.to_string()))?;
+    Ok(head)
+}
+
+fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreError> {
+    let name = path.display().to_string();
+    let size = data
+        .metadata()
+        .map_err(|source| CoreError::Io {
+            path: name.clone(),
+            source,
+        })?
+        .len();
+    let malformed = |detail: &str| CoreError::Malformed {
+        path: name.clone(),
+        detail: detail.to_owned(),
+    };
+    let head = check_header(&data, &name)?;
+    let le = LittleEndian;
+    let h =
+        FileHeader64::<LittleEndian>::parse(&head[..]).map_err(|e| malformed(&e.to_string()))?;
     let phoff = h.e_phoff(le);
     let phnum = usize::from(h.e_phnum(le));
     if usize::from(h.e_phentsize(le)) != size_of::<object::elf::ProgramHeader64<LittleEndian>>()
@@ -249,8 +342,9 @@ fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreErro
         });
     }
     let table = read_vec(&data, phoff, table_len, &name)?;
-    let phdrs: &[object::elf::ProgramHeader64<LittleEndian>] = object::pod::slice_from_all_bytes(&table)
-        .map_err(|()| malformed("bad program header table"))?;
+    let phdrs: &[object::elf::ProgramHeader64<LittleEndian>] =
+        object::pod::slice_from_all_bytes(&table)
+            .map_err(|()| malformed("bad program header table"))?;
     let mut core = CoreFile {
         path: path.to_owned(),
         data,
@@ -263,7 +357,9 @@ fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreErro
     let mut end = needed;
     for ph in phdrs {
         let (offset, filesz) = (ph.p_offset(le), ph.p_filesz(le));
-        let seg_end = offset.checked_add(filesz).ok_or_else(|| malformed("segment overflows"))?;
+        let seg_end = offset
+            .checked_add(filesz)
+            .ok_or_else(|| malformed("segment overflows"))?;
         end = end.max(seg_end);
         match ph.p_type(le) {
             PT_LOAD => core.loads.push(Load {
@@ -271,6 +367,7 @@ fn parse(path: &Path, data: File, compressed: bool) -> Result<CoreFile, CoreErro
                 memsz: ph.p_memsz(le),
                 offset,
                 filesz: filesz.min(ph.p_memsz(le)),
+                flags: ph.p_flags(le),
             }),
             PT_NOTE if seg_end <= size => {
                 if filesz > MAX_NOTES {
@@ -307,8 +404,12 @@ fn read_notes(core: &mut CoreFile, bytes: &[u8], align: u64) -> Result<(), Strin
         }
         let desc = note.desc();
         match note.n_type(LittleEndian) {
-            notes::NT_PRSTATUS => core.threads.push(notes::prstatus(desc).map_err(|e| e.to_string())?),
-            notes::NT_PRPSINFO => core.process = notes::prpsinfo(desc).map_err(|e| e.to_string())?,
+            notes::NT_PRSTATUS => core
+                .threads
+                .push(notes::prstatus(desc).map_err(|e| e.to_string())?),
+            notes::NT_PRPSINFO => {
+                core.process = notes::prpsinfo(desc).map_err(|e| e.to_string())?;
+            }
             notes::NT_FILE => core.files = notes::files(desc).map_err(|e| e.to_string())?,
             _ => {}
         }

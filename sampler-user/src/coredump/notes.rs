@@ -78,11 +78,15 @@ pub enum NoteError {
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 /// A fixed-size C string field: up to the first NUL (lossy UTF-8).
@@ -130,7 +134,8 @@ pub fn files(desc: &[u8]) -> Result<Vec<FileMapping>, NoteError> {
     let bad = NoteError::BadFiles;
     let count = u64_at(desc, 0).ok_or(bad("no count"))?;
     let page = u64_at(desc, 8).ok_or(bad("no page size"))?;
-    if count > MAX_FILES || !(page.is_power_of_two() && (512..=1 << 30).contains(&page)) {
+    // The kernel writes its page size and offsets in pages; gdb writes 1 and offsets in bytes.
+    if count > MAX_FILES || !(page.is_power_of_two() && page <= 1 << 30) {
         return Err(bad("implausible count or page size"));
     }
     let table_end = 16 + 24 * count as usize;
@@ -158,7 +163,9 @@ pub fn files(desc: &[u8]) -> Result<Vec<FileMapping>, NoteError> {
         out.push(FileMapping {
             start,
             end,
-            offset: pages.checked_mul(page).ok_or(bad("file offset overflows"))?,
+            offset: pages
+                .checked_mul(page)
+                .ok_or(bad("file offset overflows"))?,
             path: String::from_utf8_lossy(name).into_owned(),
         });
     }
@@ -198,8 +205,14 @@ pub(crate) mod tests {
 
     #[test]
     fn decodes_the_kernel_layouts() {
-        let t = prstatus(&prstatus_desc(77, 0x40_1000, 0x7ffc_0000, 0x7ffc_0100, 0x7f00_0740))
-            .unwrap();
+        let t = prstatus(&prstatus_desc(
+            77,
+            0x40_1000,
+            0x7ffc_0000,
+            0x7ffc_0100,
+            0x7f00_0740,
+        ))
+        .unwrap();
         assert_eq!(t.tid, 77);
         assert_eq!(
             t.regs,
@@ -213,7 +226,10 @@ pub(crate) mod tests {
         assert!(prstatus(&[0; 100]).is_err());
         let f = files(&files_desc(
             4096,
-            &[(0x40_0000, 0x40_1000, 0, "/usr/bin/python3.14"), (0x7f00, 0x8f00, 3, "/lib/x é.so")],
+            &[
+                (0x40_0000, 0x40_1000, 0, "/usr/bin/python3.14"),
+                (0x7f00, 0x8f00, 3, "/lib/x é.so"),
+            ],
         ))
         .unwrap();
         assert_eq!(f.len(), 2);
@@ -224,7 +240,10 @@ pub(crate) mod tests {
         ps[PS_FNAME..PS_FNAME + 7].copy_from_slice(b"python3");
         ps[PS_PSARGS..PS_PSARGS + 12].copy_from_slice(b"python3 a.py");
         let p = prpsinfo(&ps).unwrap();
-        assert_eq!((p.pid, p.comm.as_str(), p.args.as_str()), (1234, "python3", "python3 a.py"));
+        assert_eq!(
+            (p.pid, p.comm.as_str(), p.args.as_str()),
+            (1234, "python3", "python3 a.py")
+        );
     }
 
     #[test]
@@ -236,7 +255,15 @@ pub(crate) mod tests {
         let d = files_desc(4096, &[(1, 2, 0, "a"), (3, 4, 0, "b")]);
         assert!(files(&d[..d.len() - 2]).is_err(), "a name missing");
         assert!(files(&files_desc(3000, &[])).is_err(), "page size");
-        assert!(files(&files_desc(4096, &[(5, 4, 0, "x")])).is_err(), "end before start");
-        assert!(files(&files_desc(4096, &[(1, 2, u64::MAX, "x")])).is_err(), "offset overflow");
+        let gdb = files(&files_desc(1, &[(0x1000, 0x2000, 0x5000, "/a")])).unwrap();
+        assert_eq!(gdb[0].offset, 0x5000, "gdb: page size 1, offsets in bytes");
+        assert!(
+            files(&files_desc(4096, &[(5, 4, 0, "x")])).is_err(),
+            "end before start"
+        );
+        assert!(
+            files(&files_desc(4096, &[(1, 2, u64::MAX, "x")])).is_err(),
+            "offset overflow"
+        );
     }
 }

@@ -29,7 +29,7 @@ impl Default for CoreBuilder {
 }
 
 fn pad4(v: &mut Vec<u8>) {
-    while v.len() % 4 != 0 {
+    while !v.len().is_multiple_of(4) {
         v.push(0);
     }
 }
@@ -102,12 +102,26 @@ impl CoreBuilder {
             h[48..56].copy_from_slice(&align.to_le_bytes());
             phdrs.extend(h);
         };
-        ph(object::elf::PT_NOTE, data_at, 0, self.notes.len() as u64, 0, 4);
+        ph(
+            object::elf::PT_NOTE,
+            data_at,
+            0,
+            self.notes.len() as u64,
+            0,
+            4,
+        );
         body.extend(&self.notes);
         data_at += self.notes.len() as u64;
         for (vaddr, memsz, bytes) in &self.loads {
             let off = if bytes.is_empty() { 0 } else { data_at };
-            ph(object::elf::PT_LOAD, off, *vaddr, bytes.len() as u64, *memsz, 4096);
+            ph(
+                object::elf::PT_LOAD,
+                off,
+                *vaddr,
+                bytes.len() as u64,
+                *memsz,
+                4096,
+            );
             body.extend(bytes);
             data_at += bytes.len() as u64;
         }
@@ -115,7 +129,6 @@ impl CoreBuilder {
         out.extend(body);
         out
     }
-
 }
 
 /// Gzip-compresses `bytes`.
@@ -130,7 +143,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::coredump::{CoreError, CoreFile, CoreMemory};
+    use crate::coredump::{CoreError, CoreFile, CoreMemory, MappedFiles};
     use crate::python::memory::{MemError, ReadMemory};
 
     fn sample() -> CoreBuilder {
@@ -160,17 +173,20 @@ mod tests {
         f.extend(b"PAGE1");
         f.resize(4096 + 100, 0xbb);
         std::fs::write(root.join("usr/bin/fake"), &f).unwrap();
-        for (name, bytes) in [("core", sample().bytes()), ("core.gz", gzip(&sample().bytes()))] {
+        for (name, bytes) in [
+            ("core", sample().bytes()),
+            ("core.gz", gzip(&sample().bytes())),
+        ] {
             let path = dir.path().join(name);
             std::fs::write(&path, bytes).unwrap();
             let core = Arc::new(CoreFile::open(&path).unwrap());
-            assert_eq!(core.compressed, name.ends_with(".gz"));
+            assert_eq!(core.compressed, name == "core.gz");
             assert_eq!(core.pid(), 4242);
             assert_eq!(core.process.comm, "python3");
             assert_eq!(core.threads.len(), 2);
             assert_eq!(core.threads[1].regs.fs_base, 0x7f00_1740);
             assert_eq!(core.files.len(), 4);
-            let mem = CoreMemory::new(core, &root);
+            let mem = CoreMemory::new(core, Arc::new(MappedFiles::new(&root)));
             // From the core, across a page boundary.
             let mut b = [0u8; 8];
             mem.read(0x1000_0ffc, &mut b).unwrap();
@@ -182,7 +198,10 @@ mod tests {
             mem.read(0x40_1000 + 100, &mut tail).unwrap();
             assert_eq!(tail, [0; 4]);
             // A missing file, a path leaving the root, nothing mapped at all.
-            assert!(matches!(mem.read_u64(0x50_0000), Err(MemError::Fault { .. })));
+            assert!(matches!(
+                mem.read_u64(0x50_0000),
+                Err(MemError::Fault { .. })
+            ));
             assert!(mem.read_u64(0x60_0000).is_err());
             assert!(mem.read_u64(0x9999_0000).is_err());
             assert!(mem.read_u64(0x1000_2000).is_err(), "past the segment");
@@ -206,10 +225,19 @@ mod tests {
         b.e_type = object::elf::ET_EXEC;
         let e = open_err(&b.bytes());
         assert!(matches!(e, CoreError::NotCore { kind: 2, .. }), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with(" is an ELF executable, not a core dump"),
+            "{e}"
+        );
         let mut b = sample();
         b.machine = object::elf::EM_AARCH64;
         let e = open_err(&b.bytes());
-        assert!(e.to_string().contains("core dump of aarch64; this pyebpf reads x86-64 cores"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("core dump of aarch64; this pyebpf reads x86-64 cores"),
+            "{e}"
+        );
         let mut b = sample();
         b.class = object::elf::ELFCLASS32;
         b.machine = object::elf::EM_386;

@@ -74,6 +74,19 @@ pub struct Merged {
     pub unwind_error: Option<String>,
 }
 
+impl Merged {
+    /// A thread without native frames: its Python frames only.
+    pub fn python_only(python_frames: usize) -> Merged {
+        Merged {
+            frames: (0..python_frames).map(MixedFrame::Python).collect(),
+            native: Vec::new(),
+            outcome: MergeOutcome::NativeOnly,
+            truncated: true,
+            unwind_error: None,
+        }
+    }
+}
+
 /// The native stages of one dump (they cache per file).
 pub struct NativeStages {
     pub registry: ProcessRegistry,
@@ -106,9 +119,9 @@ impl NativeStages {
         stack: &CopiedStack,
         chain: &[ChainItem],
     ) -> Merged {
-        let unwound = self
-            .unwinder
-            .unwind(&mut self.registry, pid, &regs, stack, MAX_NATIVE_FRAMES);
+        let unwound =
+            self.unwinder
+                .unwind(&mut self.registry, pid, &regs, stack, MAX_NATIVE_FRAMES);
         let mut native = Vec::with_capacity(unwound.frames.len());
         let mut items = Vec::with_capacity(unwound.frames.len());
         if let Some(proc) = self.registry.get(pid) {

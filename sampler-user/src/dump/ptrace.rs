@@ -151,7 +151,7 @@ impl Drop for ThreadStop {
                 libc::PTRACE_DETACH,
                 self.tid as libc::pid_t,
                 0,
-                self.pending_signal as libc::c_long,
+                libc::c_long::from(self.pending_signal),
             )
         };
     }
@@ -176,7 +176,16 @@ pub fn read_stack(pid: u32, from: u64, to: u64) -> Vec<u8> {
     };
     // SAFETY: `local` describes exactly `out`, which we own; the remote iovec is interpreted in
     // the target's address space by the kernel.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &raw const local, 1, &raw const remote, 1, 0) };
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &raw const local,
+            1,
+            &raw const remote,
+            1,
+            0,
+        )
+    };
     out.truncate(usize::try_from(n).unwrap_or(0));
     out
 }
@@ -202,7 +211,13 @@ mod tests {
         assert!(!stack.is_empty());
         let state = |pid: u32| {
             let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-            s.rsplit(')').next().unwrap().split_whitespace().next().unwrap().to_owned()
+            s.rsplit(')')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_owned()
         };
         assert_eq!(state(pid), "t", "traced and stopped");
         drop(stop);

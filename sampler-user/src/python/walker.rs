@@ -189,19 +189,7 @@ fn walk_threads(
     let mut threads = Vec::with_capacity(list.len());
     for TstateCopy { addr: ts, buf } in list {
         let f64_ = |off| field_u64(&buf, off).unwrap_or(0);
-        let mut frame = f64_(t.current_frame);
-        if let (Some(inner), true) = (t.cframe_current_frame, frame != 0) {
-            frame = match mem.read_u64(frame.wrapping_add(inner)) {
-                Ok(f) => f,
-                Err(e) => {
-                    if let Some(f) = fatal(ctx.target.pid, e) {
-                        return Err(f);
-                    }
-                    counts.add(ErrorKind::MemoryRead);
-                    0
-                }
-            };
-        }
+        let frame = top_frame(ctx, &buf, counts)?;
         let holds_gil = match t.holds_gil {
             HoldsGil::Unknown => None,
             HoldsGil::StatusBit { offset, bit } => {
@@ -224,6 +212,42 @@ fn walk_threads(
         });
     }
     Ok(threads)
+}
+
+/// The innermost frame of the thread state copied in `buf` (3.12: through `cframe`).
+fn top_frame(ctx: Ctx<'_>, buf: &[u8], counts: &mut ErrorCounts) -> Result<u64, PyError> {
+    let t = &ctx.layout.tstate;
+    let frame = field_u64(buf, t.current_frame).unwrap_or(0);
+    let (Some(inner), true) = (t.cframe_current_frame, frame != 0) else {
+        return Ok(frame);
+    };
+    match ctx.mem.read_u64(frame.wrapping_add(inner)) {
+        Ok(f) => Ok(f),
+        Err(e) => {
+            if let Some(f) = fatal(ctx.target.pid, e) {
+                return Err(f);
+            }
+            counts.add(ErrorKind::MemoryRead);
+            Ok(0)
+        }
+    }
+}
+
+/// The frames of one thread state, read afresh (`dump --native` reads each thread again while
+/// it is stopped).
+pub fn walk_thread(
+    ctx: Ctx<'_>,
+    tstate: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Result<WalkedFrames, PyError> {
+    let mut buf = vec![0u8; ctx.layout.tstate.size as usize];
+    ctx.mem
+        .read(tstate, &mut buf)
+        .map_err(|e| PyError::from_mem(ctx.target.pid, e))?;
+    let frame = top_frame(ctx, &buf, counts)?;
+    walk_frames_with(ctx, frame, cache, counts, limits)
 }
 
 /// Copies the thread states of `interp`'s list. Returns the copies that passed validation and
