@@ -7,6 +7,7 @@
 //! spinning lines (see `dump/support.rs`). Expected lines come from `# LINE:<tag>` markers in the
 //! scripts and, for whole stacks, from CPython's own `sys._current_frames()` in the target.
 
+mod core;
 mod errors;
 mod gil;
 mod locals;

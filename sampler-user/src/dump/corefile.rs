@@ -28,6 +28,10 @@ pub(super) fn snapshot(
 ) -> Result<(Snapshot, Option<DumpError>), DumpError> {
     let core = Arc::new(CoreFile::open(path)?);
     let files = Arc::new(MappedFiles::new(root));
+    // Every mapped file is looked up once, so that each one missing under the root is named.
+    for f in &core.files {
+        files.open(&f.path);
+    }
     // gdb leaves the read-only file mappings out entirely: their permissions come from the
     // mapped file's own program headers.
     let mappings = core.mappings(&|f| {

@@ -135,6 +135,9 @@ pub struct ThreadOffsets {
     pub holds_gil: HoldsGil,
     /// `int state` (`_Py_THREAD_ATTACHED` == 1); 3.13+.
     pub state: Option<u64>,
+    /// 3.15+: `base_frame`, the pointer to the frame embedded after the thread state that ends
+    /// every chain (owner 3; no eval-loop activation of its own).
+    pub base_frame: Option<u64>,
 }
 
 /// `_PyInterpreterFrame` (`interpreter_frame.*`) plus how to interpret it.
@@ -508,6 +511,7 @@ impl RuntimeLayout {
                 status,
                 holds_gil,
                 state: facts.state,
+                base_frame: nonzero("thread_state.base_frame"),
             },
             frame: FrameOffsets {
                 size: n("interpreter_frame.size")?,

@@ -198,7 +198,8 @@ fn walk_threads(
             HoldsGil::Int { offset } => field_u32(&buf, offset).map(|w| w != 0),
         };
         let attached = t.state.and_then(|off| field_u32(&buf, off)).map(|s| s == 1);
-        let walked = walk_frames_with(ctx, frame, cache, counts, limits)?;
+        let base = base_frame(ctx, &buf);
+        let walked = walk_frames_with(ctx, frame, base, cache, counts, limits)?;
         threads.push(RawThread {
             tstate: ts,
             native_thread_id: f64_(t.native_thread_id),
@@ -212,6 +213,15 @@ fn walk_threads(
         });
     }
     Ok(threads)
+}
+
+/// 3.15+: the address of the thread state's base frame (0 before 3.15).
+fn base_frame(ctx: Ctx<'_>, buf: &[u8]) -> u64 {
+    ctx.layout
+        .tstate
+        .base_frame
+        .and_then(|off| field_u64(buf, off))
+        .unwrap_or(0)
 }
 
 /// The innermost frame of the thread state copied in `buf` (3.12: through `cframe`).
@@ -247,7 +257,8 @@ pub fn walk_thread(
         .read(tstate, &mut buf)
         .map_err(|e| PyError::from_mem(ctx.target.pid, e))?;
     let frame = top_frame(ctx, &buf, counts)?;
-    walk_frames_with(ctx, frame, cache, counts, limits)
+    let base = base_frame(ctx, &buf);
+    walk_frames_with(ctx, frame, base, cache, counts, limits)
 }
 
 /// Copies the thread states of `interp`'s list. Returns the copies that passed validation and
@@ -305,15 +316,18 @@ pub fn walk_frames(
         max_depth,
         ..Limits::default()
     };
-    let w = walk_frames_with(ctx, first, cache, counts, limits)?;
+    let w = walk_frames_with(ctx, first, 0, cache, counts, limits)?;
     Ok((w.frames, w.truncated))
 }
 
 /// Follows `previous` from `first`, keeping entry frames and, when `limits.locals` asks for
 /// them, every Python frame's arguments and locals (read right after the frame itself).
+/// `base` (3.15+: the thread state's base frame, else 0) ends the chain without being an
+/// entry frame: it belongs to no eval-loop activation.
 pub fn walk_frames_with(
     ctx: Ctx<'_>,
     first: u64,
+    base: u64,
     cache: &mut CodeCache,
     counts: &mut ErrorCounts,
     limits: Limits,
@@ -358,7 +372,15 @@ pub fn walk_frames_with(
                 .and_then(|o| field_u32(&buf, o))
                 .map_or(0, |v| v as i32);
             match code_from_executable(exec, f.stackref_tag_mask) {
-                None => counts.add(ErrorKind::BadExecutable),
+                None => {
+                    counts.add(ErrorKind::BadExecutable);
+                    // A Python frame without code that also ends the chain is not a frame at
+                    // all (memory that was zeroed, e.g. a core file that lacks it): what was
+                    // below it is lost.
+                    if previous == 0 {
+                        out.truncated = true;
+                    }
+                }
                 Some(code) => match resolve(ctx, cache, counts, code, instr, tlbc) {
                     Ok(r) if r.is_init_shim => {}
                     Ok(r) => {
@@ -372,7 +394,7 @@ pub fn walk_frames_with(
                     Err(e) => counts.add(e.kind()),
                 },
             }
-        } else {
+        } else if addr != base {
             out.items.push(ChainItem::Entry);
         }
         addr = previous;

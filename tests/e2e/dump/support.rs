@@ -163,10 +163,34 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// The directory the workload was installed in, as the host sees it (removed on drop).
+    pub fn host_dir(&self) -> &Path {
+        &self.host_dir
+    }
+
+    /// Sends `signal` to the Python process (our child: a plain launch) and waits until it is
+    /// gone; returns how it ended.
+    pub fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
+        assert_eq!(
+            self.guard.as_ref().map(Guard::pid),
+            Some(self.pid),
+            "signal_and_wait needs a plain launch"
+        );
+        // SAFETY: kill(2) on the process this test started (still our unreaped child).
+        unsafe { libc::kill(self.pid as i32, signal) };
+        let guard = self.guard.as_mut().expect("a running workload");
+        let status = guard.0.wait().expect("wait for the workload");
+        self.guard = None;
+        status
+    }
+}
+
 impl Drop for Workload {
     fn drop(&mut self) {
+        // Without a guard the process was already waited for (its pid may be reused now).
         let spawned = self.guard.as_ref().map(Guard::pid);
-        if spawned != Some(self.pid) {
+        if spawned.is_some_and(|p| p != self.pid) {
             // The Python process is not our child (namespaced launch): kill it by pid; unshare's
             // --kill-child would do it too once the guard kills unshare.
             // SAFETY: kill(2) on a pid this test started.
