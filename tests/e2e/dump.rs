@@ -11,6 +11,7 @@ mod core;
 mod errors;
 mod gil;
 mod locals;
+mod native;
 mod robustness;
 mod support;
 

@@ -43,7 +43,10 @@ pub struct ThreadStop {
     tid: u32,
     /// A signal that stopped the thread instead of our interrupt, delivered on detach.
     pending_signal: i32,
+    /// When the wait saw it stopped (its pause starts no earlier).
     stopped_at: Instant,
+    /// From our interrupt to its stop (the thread runs meanwhile).
+    stop_latency: Duration,
 }
 
 impl ThreadStop {
@@ -75,6 +78,7 @@ impl ThreadStop {
             tid,
             pending_signal: 0,
             stopped_at: started,
+            stop_latency: Duration::ZERO,
         };
         loop {
             let mut status = 0;
@@ -93,6 +97,8 @@ impl ThreadStop {
                 return Err(StopError::Gone { tid });
             }
             if libc::WIFSTOPPED(status) {
+                stop.stopped_at = Instant::now();
+                stop.stop_latency = stop.stopped_at - started;
                 // Our interrupt shows as PTRACE_EVENT_STOP; any other stop (a signal being
                 // delivered) is as good for reading registers: its signal goes back on detach.
                 let sig = libc::WSTOPSIG(status);
@@ -137,9 +143,14 @@ impl ThreadStop {
         })
     }
 
-    /// Since when the thread has been stopped (from our interrupt).
+    /// How long the thread has been stopped so far (from when the wait saw it stop).
     pub fn elapsed(&self) -> Duration {
         self.stopped_at.elapsed()
+    }
+
+    /// How long it took to stop after our interrupt (it kept running meanwhile).
+    pub fn stop_latency(&self) -> Duration {
+        self.stop_latency
     }
 }
 
