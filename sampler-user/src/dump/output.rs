@@ -19,7 +19,6 @@
 //! `[merge mismatch]`). Names from the target are shown printable in text (control
 //! characters replaced); JSON escapes them.
 
-use std::borrow::Cow;
 use std::io::Write;
 
 use serde::Serialize;
@@ -27,21 +26,9 @@ use serde::Serialize;
 use super::native::{MISMATCH_MARKER, MixedFrame};
 use super::{DumpError, Snapshot, ThreadDump};
 use crate::merge::MergeOutcome;
+use crate::printable::printable;
 use crate::python::locals::Local;
 use crate::python::{GilState, PyFrame, PyThread};
-
-/// `s` without control characters (names from the target are data, never terminal commands).
-fn printable(s: &str) -> Cow<'_, str> {
-    if s.chars().any(char::is_control) {
-        Cow::Owned(
-            s.chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect(),
-        )
-    } else {
-        Cow::Borrowed(s)
-    }
-}
 
 fn gil_json(g: GilState) -> &'static str {
     match g {

@@ -16,6 +16,10 @@ pub enum PyError {
     NotPython { pid: u32 },
     #[error("unsupported CPython {version}")]
     Unsupported { version: String },
+    /// A built-in table (3.8–3.12) does not fit the running binary (a patch release that moved
+    /// something): refused rather than read wrong.
+    #[error("CPython {version}: layout not recognised ({detail})")]
+    NotRecognised { version: String, detail: String },
     #[error("permission denied reading pid {pid} (run as root)")]
     PermissionDenied { pid: u32 },
     #[error("process {pid} is gone")]
@@ -96,10 +100,13 @@ pub enum ErrorKind {
     LocalsUnreadable,
     /// A value (or an item of a container) could not be read: shown as `<unreadable>`.
     ValueUnreadable,
+    /// An object read as a `str`, `bytes` or `int` (a name, a line table, a thread id) had
+    /// another type: shown as `<invalid>` (or dropped), never decoded as garbage.
+    WrongType,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
@@ -116,6 +123,7 @@ impl ErrorKind {
         ErrorKind::ThreadNames,
         ErrorKind::LocalsUnreadable,
         ErrorKind::ValueUnreadable,
+        ErrorKind::WrongType,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,6 +144,7 @@ impl ErrorKind {
             ErrorKind::ThreadNames => "thread_names",
             ErrorKind::LocalsUnreadable => "locals_unreadable",
             ErrorKind::ValueUnreadable => "value_unreadable",
+            ErrorKind::WrongType => "wrong_type",
         }
     }
 }

@@ -51,7 +51,7 @@ const PYTHONS: [(&str, &str, Option<&str>); 6] = [
 ];
 
 /// `K.__init__` parked after the constructor call was specialised: 3.13+ default builds run
-/// it under the `__init__` shim frame (`_Py_InitCleanup`, cpython-layouts §3.4).
+/// it under the `__init__` shim frame (`_Py_InitCleanup`, docs/cpython-layouts.md §3.4).
 const INIT_SCRIPT: &str = r"import threading, time
 class K:
     def __init__(self, last):
@@ -143,7 +143,8 @@ fn capture(mem: &ProcessMemory, info: &PyProcInfo, tid: u64) -> PyCaptured {
             instr_ptr: word(frame, info.frame_instr_ptr),
             tlbc_index: 0,
             owner: owner[0],
-            _pad: [0; 3],
+            is_entry: 0,
+            _pad: [0; 2],
         });
         frame = word(frame, info.frame_previous);
     }

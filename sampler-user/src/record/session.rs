@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::collect::{CollectConfig, Collector, Event};
 pub use crate::config::SessionConfig;
 use crate::config::Target;
+use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
 
@@ -128,7 +129,7 @@ fn start_collector(
     let child = match &cfg.target {
         Target::Command(cmd) => {
             let spawn_err = |source| RecordError::Spawn {
-                command: cmd.join(" "),
+                command: crate::printable::printable(&cmd.join(" ")).into_owned(),
                 source,
             };
             let mut child = spawn::spawn_held(cmd, cfg.run_as.as_ref()).map_err(spawn_err)?;
@@ -166,7 +167,10 @@ impl Session {
             // The kernel walks their Python frames from the first drained samples on.
             tracker.wait_for(pids, Duration::from_secs(2));
             for (pid, why) in tracker.failures(pids) {
-                eprintln!("pyebpf: no Python frames for pid {pid}: {why}");
+                eprintln!(
+                    "pyebpf: no Python frames for pid {pid}: {}",
+                    crate::printable::printable(&why)
+                );
             }
         } else {
             tracker.tick(Instant::now());
@@ -224,6 +228,24 @@ impl Session {
                 }
             }
             Target::Command(_) => {}
+        }
+        // Attached, targets opened: keep only what reading targets, stopping the command and
+        // writing the outputs need (privilege::cap says why each one).
+        let mut keep = vec![
+            cap::CHOWN,
+            cap::DAC_OVERRIDE,
+            cap::DAC_READ_SEARCH,
+            cap::SYS_PTRACE,
+            cap::CHECKPOINT_RESTORE,
+        ];
+        if cfg.run_as.is_some() {
+            keep.push(cap::KILL);
+        }
+        if cfg.kernel {
+            keep.push(cap::SYSLOG);
+        }
+        if let Err(e) = crate::privilege::drop_capabilities(&keep) {
+            eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
         Ok(Session {
             cfg,
