@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use super::PyFrame;
 use super::code::{CodeCache, Ctx, resolve};
 use super::errors::{ErrorCounts, ErrorKind, PyError};
-use super::layout::HoldsGil;
+use super::layout::{EntryRule, HoldsGil};
 use super::locals::{Local, frame_locals};
 use super::memory::{MemError, field_u8, field_u32, field_u64};
 use super::values::ValueLimits;
@@ -414,6 +414,19 @@ pub fn walk_frames_with(
                     }
                     Err(e) => counts.add(e.kind()),
                 },
+            }
+            // ≤ 3.11 has no entry frames: the outermost frame of each eval-loop activation
+            // ends it (every frame up to 3.10; the one with `is_entry` set in 3.11).
+            let ends = match f.entry {
+                EntryRule::EveryFrame => true,
+                EntryRule::EntryFlag => f
+                    .is_entry
+                    .and_then(|o| field_u8(&buf, o))
+                    .is_some_and(|v| v != 0),
+                EntryRule::OwnerAtLeast(_) => false,
+            };
+            if ends {
+                out.items.push(ChainItem::Entry);
             }
         } else if addr != base {
             out.items.push(ChainItem::Entry);

@@ -367,6 +367,21 @@ fn kernel_core(name: &str) {
 }
 
 #[test]
+fn kernel_core_3_8() {
+    kernel_core("3.8");
+}
+
+#[test]
+fn kernel_core_3_11() {
+    kernel_core("3.11");
+}
+
+#[test]
+fn kernel_core_3_9_bullseye_chrooted() {
+    kernel_core("3.9-bullseye");
+}
+
+#[test]
 fn kernel_core_3_12() {
     kernel_core("3.12");
 }

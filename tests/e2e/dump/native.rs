@@ -3,8 +3,9 @@
 //!
 //! - Python → C → Python (`sorted(key=pykey)`, `tests/workloads/py/rec_native.py`): the outer
 //!   Python frames, native frames naming the sort, then `pykey`, in that order, merged (two
-//!   eval-loop activations) in every dump; on 3.12 (shared, symbols), 3.13t, and Debian's 3.14
-//!   and 3.15 (static, stripped, the eval loop split into `.cold`, debug files in the root).
+//!   eval-loop activations) in every dump; on 3.8, 3.10 and 3.11 (one activation per frame or
+//!   per `is_entry` frame), 3.12 (shared, symbols), 3.13t, and Debian's static 3.11, 3.14 and
+//!   3.15 (stripped, the eval loop split into `.cold`, debug files in the root).
 //! - Two named threads at depth ≥ 5 (`two_threads.py`): the Python frames of the merged stacks
 //!   are exactly those of a plain dump and of CPython's own view; every thread's root is native.
 //! - `--json` reports each thread's pause and their maximum and sum; the text says it too.
@@ -61,6 +62,10 @@ fn check_pauses(what: &str, dump: &Value) {
     eprintln!("{what}: pauses {pauses:?} µs");
 }
 
+#[allow(
+    clippy::many_single_char_names,
+    reason = "w(orkload), t(hread), m(iddle), k(ey): one sample at a time"
+)]
 fn sorted_key(name: &str) {
     let Some(interp) = setup(name) else { return };
     let w = Workload::start(
@@ -114,6 +119,26 @@ fn sorted_key(name: &str) {
         in_key >= 3,
         "{name}: only {in_key}/5 dumps caught the sorter in pykey"
     );
+}
+
+#[test]
+fn sorted_key_3_8() {
+    sorted_key("3.8");
+}
+
+#[test]
+fn sorted_key_3_10() {
+    sorted_key("3.10");
+}
+
+#[test]
+fn sorted_key_3_11() {
+    sorted_key("3.11");
+}
+
+#[test]
+fn sorted_key_3_11_debian_static() {
+    sorted_key("3.11-debian");
 }
 
 #[test]
@@ -174,6 +199,16 @@ fn two_threads(name: &str) {
     );
     let spin = w.frame("func_leaf", "func_spin", "def_func_leaf").text();
     assert!(t.contains(&format!("    {spin}\n")), "{t}");
+}
+
+#[test]
+fn two_threads_3_9() {
+    two_threads("3.9");
+}
+
+#[test]
+fn two_threads_3_11() {
+    two_threads("3.11");
 }
 
 #[test]
