@@ -10,7 +10,7 @@
 //! [`MAX_LINETABLE`], bytecode ≤ [`MAX_CODE_UNITS`]; at most [`MAX_CACHED_CODES`] entries.
 //! Fields: `PyCodeObject` in `Include/cpython/code.h`
 //! (<https://github.com/python/cpython/blob/v3.14.0/Include/cpython/code.h>); TLBC:
-//! `_PyCodeArray` in the same header (free-threaded only); cpython-layouts §3.3, §3.4, §5.5.
+//! `_PyCodeArray` in the same header (free-threaded only); docs/cpython-layouts.md §3.3, §3.4, §5.5.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,7 +1,9 @@
 //! python stage: the CPython reader (issue 3).
 //!
-//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its
-//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; a built-in table for 3.12), and
+//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its version
+//! (debug offsets, `Py_Version`, or the `Py_GetVersion()` string in `.bss` before 3.11), its
+//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; built-in tables for 3.8–3.12,
+//! checked against the binary before use), and
 //! snapshots of every thread's Python stack with thread ids, names and GIL state
 //! ([`PythonProcess::threads`]); resolution of frames captured elsewhere (the in-kernel walker
 //! of issue 4) through the same code-object cache ([`PythonProcess::resolve_frame`]).
@@ -10,7 +12,7 @@
 //! Constraints: target memory is untrusted and changes while we read it; everything is bounded
 //! (see [`Limits`]) and nothing panics. Memory is read only through [`ReadMemory`]; the walker
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
-//! `/work/shared/docs/cpython-layouts.md`.
+//! `docs/cpython-layouts.md`.
 //!
 //! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·

@@ -11,7 +11,7 @@
 //! Layouts: `PyDictKeysObject` / `PyDictValues` in `Include/internal/pycore_dict.h`
 //! (<https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_dict.h>),
 //! `_PyObject_ManagedDictPointer` / `_PyObject_InlineValues` in `pycore_object.h`,
-//! `PyLongObject` in `Include/cpython/longintrepr.h`; cpython-layouts §7.
+//! `PyLongObject` in `Include/cpython/longintrepr.h`; docs/cpython-layouts.md §7.2.
 
 use std::collections::HashMap;
 

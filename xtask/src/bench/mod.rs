@@ -12,6 +12,7 @@
 //! | `rates.rs`    | 3. rate limits                                                        |
 //! | `accuracy.rs` | 4. attribution accuracy                                               |
 //! | `startup.rs`  | 5. start-up latency and peak RSS                                      |
+//! | `versions.rs` | 6. the eBPF program's cost per sample by CPython version (3.8–3.15)   |
 //! | `folded.rs`, `stats.rs`, `report.rs`, `sys.rs` | parsing, medians, Markdown, syscalls |
 //!
 //! Figures that need work still in progress (Python frames in pyebpf's output) print
@@ -27,6 +28,7 @@ mod startup;
 mod stats;
 mod sys;
 mod tools;
+mod versions;
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -186,6 +188,7 @@ pub fn run(opts: &Options) -> Result<()> {
     tables.push(rate_table);
     tables.push(t.phase("4. accuracy", || Ok(accuracy::measure(&ctx)))?);
     tables.push(t.phase("5. start-up and RSS", || Ok(startup::measure(&ctx)))?);
+    tables.push(t.phase("6. eBPF cost by version", || Ok(versions::measure(&ctx)))?);
     let load_end = tools::loadavg();
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let md = report::render(
