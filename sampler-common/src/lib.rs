@@ -38,8 +38,11 @@ pub mod maps {
 
 /// Program names in the eBPF object.
 pub mod programs {
-    /// `perf_event` program attached to the CPU clock on every CPU.
+    /// `perf_event` program attached to the CPU clock on every CPU (kernel ≥ 5.17: `bpf_loop`).
     pub const SAMPLE: &str = "pyebpf_sample";
+    /// The same program for kernels without `bpf_loop` (bounded loops); user space loads one
+    /// of the two.
+    pub const SAMPLE_BOUNDED: &str = "pyebpf_sample_bounded";
     /// `sched/sched_process_exec` tracepoint.
     pub const EXEC: &str = "pyebpf_exec";
     /// `sched/sched_process_exit` tracepoint.
@@ -96,8 +99,9 @@ pub struct Config {
     pub fork_pid_offset: u32,
     /// Byte offset of the 8-byte `clone_flags` in the `task_newtask` record.
     pub fork_flags_offset: u32,
-    /// Explicit padding to a multiple of 8 bytes.
-    pub pad: u32,
+    /// Byte offset of `stack` in the kernel's `task_struct` (from its BTF), for the
+    /// `pyebpf_sample_bounded` variant; 0 when unknown.
+    pub task_stack_offset: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 32);
 
@@ -601,7 +605,7 @@ mod tests {
             self_pid: 77,
             fork_pid_offset: FORK_PID_OFFSET_DEFAULT,
             fork_flags_offset: FORK_FLAGS_OFFSET_DEFAULT,
-            pad: 0,
+            task_stack_offset: 40,
         };
         assert_eq!(encode(&cfg).len(), 32);
         assert_eq!(decode::<Config>(encode(&cfg)), Some(cfg));

@@ -2,7 +2,8 @@
 //!
 //! Owns: the embedded eBPF object, every eBPF map and program of it (nothing else in the crate
 //! touches them), the perf events (one software CPU-clock event per online CPU) and the three
-//! process-event tracepoints.
+//! process-event tracepoints. Which variant of the sampling program is loaded is decided by
+//! `variant.rs` (kernel probes, the variant table) before anything loads.
 //! Input: a [`CollectConfig`]; Python processes to walk in the kernel through the
 //! [`PythonProcMap`] handed out by [`Collector::take_python_procs`]. Output: [`Event`]s
 //! delivered by [`Collector::poll`] (samples carry the kernel's Python capture,
@@ -20,6 +21,7 @@ mod error;
 mod python_procs;
 mod targets;
 mod tracefs;
+mod variant;
 
 #[cfg(test)]
 mod python_tests;
@@ -44,6 +46,7 @@ pub use python_procs::PythonProcMap;
 use sampler_common::{
     Config, Counter, DEFAULT_RING_BYTES, STACK_SIZE_CLASSES, TARGET_PIDS_ENTRIES, maps, programs,
 };
+pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
 /// The eBPF object built by `build.rs` (empty when built with `PYEBPF_SKIP_EBPF=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pyebpf-sampler"));
@@ -69,6 +72,8 @@ pub struct CollectConfig {
     pub ring_bytes: u32,
     /// The profiler's own pid, never sampled (0: none).
     pub self_pid: u32,
+    /// Which variant of the sampling program to load (`variant.rs`).
+    pub variant: VariantChoice,
 }
 
 impl Default for CollectConfig {
@@ -82,13 +87,16 @@ impl Default for CollectConfig {
             kernel_stacks: false,
             ring_bytes: DEFAULT_RING_BYTES,
             self_pid: std::process::id(),
+            variant: VariantChoice::Auto,
         }
     }
 }
 
 /// Run statistics of the sampling program (from `bpf_prog_info`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramStats {
+    /// The variant loaded and why (`bounded (this kernel lacks bpf_loop (Linux 5.17))`).
+    pub variant: String,
     /// Total time spent in the program; `None` when run-time stats could not be enabled.
     pub run_time_ns: Option<u64>,
     /// Number of runs; `None` when run-time stats could not be enabled.
@@ -97,7 +105,7 @@ pub struct ProgramStats {
     pub translated_insns: u32,
     /// Size of the JIT-compiled code in bytes (0 without JIT).
     pub jited_bytes: u32,
-    /// Instructions the verifier processed at load (kernel ≥ 5.16).
+    /// Instructions the verifier processed at load (reported by kernels ≥ 5.16).
     pub verified_insns: Option<u32>,
 }
 
@@ -125,6 +133,10 @@ pub struct Collector {
     malformed: u64,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (closing it turns stats off).
     stats: Option<OwnedFd>,
+    /// The sampling program's variant.
+    sampler: Choice,
+    /// What this kernel costs the run, one line each (printed before sampling).
+    notes: Vec<String>,
     /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
     /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
     sizes: Option<ProgramStats>,
@@ -139,6 +151,11 @@ impl Collector {
             return Err(CollectError::NotBuilt);
         }
         raise_memlock_limit();
+        let features = KernelFeatures::probe(&crate::preflight::btf_path());
+        let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
+        let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
+            .into_iter()
+            .collect();
         let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
         let config = Config {
             filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
@@ -148,7 +165,11 @@ impl Collector {
             self_pid: cfg.self_pid,
             fork_pid_offset: fork.pid,
             fork_flags_offset: fork.clone_flags,
-            pad: 0,
+            task_stack_offset: if sampler.variant.task_stack {
+                features.task_stack_offset.unwrap_or(0)
+            } else {
+                0
+            },
         };
         let mut ebpf = EbpfLoader::new()
             .override_global(maps::CONFIG, &config, true)
@@ -184,7 +205,7 @@ impl Collector {
             attach_tracepoint(&mut ebpf, program, "sched", name)?;
         }
         attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
-        let cpus = attach_perf_events(&mut ebpf, cfg.frequency_hz)?;
+        let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
 
         Ok(Collector {
             ebpf,
@@ -197,6 +218,8 @@ impl Collector {
             ring_bytes,
             malformed: 0,
             stats,
+            sampler,
+            notes,
             sizes: None,
         })
         .map(|mut c| {
@@ -297,12 +320,17 @@ impl Collector {
         Ok(totals)
     }
 
-    /// Statistics of `pyebpf_sample`; `None` if its program info cannot be read.
+    /// Statistics of the sampling program; `None` if its program info cannot be read.
     pub fn program_stats(&self) -> Option<ProgramStats> {
-        let program: &PerfEvent = self.ebpf.program(programs::SAMPLE)?.try_into().ok()?;
+        let program: &PerfEvent = self
+            .ebpf
+            .program(self.sampler.variant.program)?
+            .try_into()
+            .ok()?;
         let info = program.info().ok()?;
         let enabled = self.stats.is_some();
         let mut stats = ProgramStats {
+            variant: self.sampler.to_string(),
             run_time_ns: enabled
                 .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
             run_count: enabled.then(|| info.run_count()),
@@ -318,6 +346,17 @@ impl Collector {
             stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
         }
         Some(stats)
+    }
+
+    /// The sampling program's variant and why it was chosen.
+    pub fn variant(&self) -> &Choice {
+        &self.sampler
+    }
+
+    /// What this kernel costs the run (e.g. no user registers in kernel mode without BTF), one
+    /// line each; empty when nothing.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Number of CPUs being sampled.
@@ -475,10 +514,14 @@ fn attach_tracepoint(
     Ok(())
 }
 
-/// Load `pyebpf_sample` and attach it to a CPU-clock event on every online CPU.
-fn attach_perf_events(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize, CollectError> {
+/// Load the sampling program `program` (the chosen variant) and attach it to a CPU-clock event
+/// on every online CPU.
+fn attach_perf_events(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    frequency_hz: u64,
+) -> Result<usize, CollectError> {
     const ONLINE: &str = "/sys/devices/system/cpu/online";
-    let program = programs::SAMPLE;
     let missing = CollectError::MissingInObject {
         kind: "program",
         name: program,

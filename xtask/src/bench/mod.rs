@@ -206,6 +206,12 @@ pub fn run(opts: &Options) -> Result<()> {
     t.print("bench");
     println!("\n{md}");
     let doc = sh::workspace_root().join("docs/benchmarks.md");
+    // The kernel matrix's section is `vm-test`'s: kept as it is.
+    let old = std::fs::read_to_string(&doc).unwrap_or_default();
+    let md = match crate::vm::report::section_of(&old) {
+        Some(section) => crate::vm::report::splice(&md, section),
+        None => md,
+    };
     std::fs::write(&doc, &md).with_context(|| format!("writing {}", doc.display()))?;
     say(
         "bench",
