@@ -149,6 +149,9 @@ pub struct ThreadOffsets {
     pub holds_gil: HoldsGil,
     /// `int state` (`_Py_THREAD_ATTACHED` == 1); 3.13+.
     pub state: Option<u64>,
+    /// 3.15+: `base_frame`, the pointer to the frame embedded after the thread state that ends
+    /// every chain (owner 3; no eval-loop activation of its own).
+    pub base_frame: Option<u64>,
 }
 
 /// `_PyInterpreterFrame` (`interpreter_frame.*`; ≤ 3.10 `PyFrameObject`) and how to read it.
@@ -224,6 +227,10 @@ pub struct CodeOffsets {
     /// which `dump --locals` does not read).
     pub localsplusnames: Option<u64>,
     pub localspluskinds: Option<u64>,
+    /// Up to 3.10: `co_varnames`, `co_cellvars`, `co_freevars` (tuples of str).
+    pub varnames: Option<u64>,
+    pub cellvars: Option<u64>,
+    pub freevars: Option<u64>,
     /// `int co_argcount`, `int co_kwonlyargcount`, `int co_flags` (`CO_VARARGS`,
     /// `CO_VARKEYWORDS`): which of the first locals are arguments.
     pub argcount: u64,
@@ -619,6 +626,7 @@ impl RuntimeLayout {
                 status,
                 holds_gil,
                 state: facts.state,
+                base_frame: nonzero("thread_state.base_frame"),
             },
             frame: FrameOffsets {
                 size: n("interpreter_frame.size")?,
@@ -657,6 +665,9 @@ impl RuntimeLayout {
                 ob_size: n("tuple_object.ob_size")?,
                 localsplusnames: t.get("code_object.localsplusnames"),
                 localspluskinds: t.get("code_object.localspluskinds"),
+                varnames: t.get("code_object.varnames"),
+                cellvars: t.get("code_object.cellvars"),
+                freevars: t.get("code_object.freevars"),
                 argcount,
                 kwonlyargcount: argcount.wrapping_add_signed(facts.code_counts.kwonlyargcount),
                 flags: argcount.wrapping_add_signed(facts.code_counts.flags),
