@@ -43,6 +43,8 @@ use tools::Tools;
 pub struct Options {
     pub quick: bool,
     pub runs: usize,
+    /// `--only versions`: table 6 alone, spliced into docs/benchmarks.md.
+    pub only_versions: bool,
 }
 
 /// Sizes of everything, by mode.
@@ -177,6 +179,11 @@ pub fn run(opts: &Options) -> Result<()> {
             dir.display()
         ),
     );
+    if opts.only_versions {
+        let table = t.phase("6. eBPF cost by version", || Ok(versions::measure(&ctx)))?;
+        t.print("bench");
+        return versions::splice(&table, &ctx.tools.pyebpf_origin, &load_start);
+    }
     let mut tables = Vec::new();
     let (slow, mut cost) = t.phase("1-2. slowdown and cost", || Ok(slowdown::measure(&ctx)))?;
     tables.push(slow);
