@@ -115,10 +115,10 @@ pub const PY_TSTATES_ENTRIES: u32 = 65536;
 pub const PY_MAX_THREADS_WALKED: u32 = 256;
 /// Offset value meaning "this field does not exist in this build".
 pub const PY_NO_OFFSET: u32 = u32::MAX;
-/// Bytes of each `_PyInterpreterFrame` the kernel reads in one piece (its header: 80 bytes is
-/// the whole frame on 3.12/3.13 and covers every field the walk needs on 3.14/3.15, incl. the
-/// 3.14t `owner` @78). Frame field offsets must lie inside it ([`PyProcInfo::frame_offsets_fit`]).
-pub const PY_FRAME_HEADER_BYTES: u32 = 80;
+/// Most bytes of a frame the kernel reads in one piece ([`PyProcInfo::frame_read_bytes`]: 112
+/// for a 3.8/3.9 `PyFrameObject` up to `f_lasti`, 72–80 for a `_PyInterpreterFrame`). Frame
+/// field offsets must lie inside the bytes read ([`PyProcInfo::frame_offsets_fit`]).
+pub const PY_FRAME_HEADER_BYTES: u32 = 128;
 
 /// What the in-kernel Python walk needs for one process; derived by user space from the
 /// process's `RuntimeLayout` (its `_Py_DebugOffsets`) and written to `PY_PROCS`.
@@ -146,24 +146,43 @@ pub struct PyProcInfo {
     pub interp_ceval_gil: u32,
     /// `PyInterpreterState._gil`: the embedded `_gil_runtime_state`.
     pub interp_gil_struct: u32,
+    /// ≤ 3.11: `_PyRuntimeState.ceval.gil`, the one GIL of the process (then
+    /// `interp_ceval_gil` and `interp_gil_struct` are `PY_NO_OFFSET`); else `PY_NO_OFFSET`.
+    pub runtime_gil: u32,
     /// `PyThreadState.next`.
     pub tstate_next: u32,
     /// `PyThreadState.interp`: the interpreter the thread state belongs to.
     pub tstate_interp: u32,
-    /// `PyThreadState.native_thread_id`.
+    /// `PyThreadState.native_thread_id` (3.11+), matched against the sampled thread's id in
+    /// the target's pid namespace; `PY_NO_OFFSET` before 3.11 (then `tstate_pthread_id`).
     pub tstate_native_thread_id: u32,
-    /// 3.13+: `PyThreadState.current_frame`; 3.12: `PyThreadState.cframe`.
+    /// `PyThreadState.thread_id` (`pthread_t`), matched against the sampled task's
+    /// `thread.fsbase` (the thread pointer, which is the `pthread_t` of glibc and musl on
+    /// x86-64) when `tstate_native_thread_id` is `PY_NO_OFFSET`.
+    pub tstate_pthread_id: u32,
+    /// Offset of `thread.fsbase` in the kernel's `task_struct` (from its BTF), for the
+    /// `pthread_t` match; `PY_NO_OFFSET` when unknown.
+    pub task_fsbase: u32,
+    /// 3.13+: `PyThreadState.current_frame`; 3.11, 3.12: `PyThreadState.cframe`; ≤ 3.10:
+    /// `PyThreadState.frame`.
     pub tstate_current_frame: u32,
-    /// 3.12: `_PyCFrame.current_frame` (read through the `cframe` pointer); else `PY_NO_OFFSET`.
+    /// 3.11, 3.12: `_PyCFrame.current_frame` (read through the `cframe` pointer); else
+    /// `PY_NO_OFFSET`.
     pub cframe_current_frame: u32,
-    /// `_PyInterpreterFrame.previous`.
+    /// `_PyInterpreterFrame.previous` (≤ 3.10: `PyFrameObject.f_back`).
     pub frame_previous: u32,
-    /// `_PyInterpreterFrame.f_executable` (3.12: `f_code`).
+    /// `_PyInterpreterFrame.f_executable` (≤ 3.12: `f_code`).
     pub frame_executable: u32,
-    /// `_PyInterpreterFrame.instr_ptr` (3.12: `prev_instr`).
+    /// `_PyInterpreterFrame.instr_ptr` (3.11, 3.12: `prev_instr`; ≤ 3.10: the word that starts
+    /// with `int f_lasti`).
     pub frame_instr_ptr: u32,
-    /// `_PyInterpreterFrame.owner` (one byte).
+    /// `_PyInterpreterFrame.owner` (one byte, 3.11+); else `PY_NO_OFFSET` (recorded as 0).
     pub frame_owner: u32,
+    /// `_PyInterpreterFrame.is_entry` (one byte, 3.11); else `PY_NO_OFFSET` (recorded as 0).
+    pub frame_is_entry: u32,
+    /// Bytes read per frame: every frame field lies inside them; at most
+    /// [`PY_FRAME_HEADER_BYTES`].
+    pub frame_read_bytes: u32,
     /// `_PyInterpreterFrame.tlbc_index` (i32, 3.14t); else `PY_NO_OFFSET`.
     pub frame_tlbc_index: u32,
     /// `_gil_runtime_state.locked` (int), relative to the GIL struct; `PY_NO_OFFSET` if unknown.
@@ -173,25 +192,36 @@ pub struct PyProcInfo {
     /// `_gil_runtime_state.enabled` (int, free-threaded builds), relative to the GIL struct;
     /// else `PY_NO_OFFSET`.
     pub gil_enabled: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-// 3 words and 18 ints: no padding, implicit or explicit.
-const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 3 * 8 + 18 * 4);
+// 3 words and 24 ints: no implicit padding.
+const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 3 * 8 + 24 * 4);
 
 impl PyProcInfo {
-    /// Whether the frame offsets fit the kernel's one-read frame header: the 8-byte fields
-    /// (`previous`, `executable`, `instr_ptr`) 8-aligned and inside [`PY_FRAME_HEADER_BYTES`],
-    /// `owner` inside it, `tlbc_index` absent or 4-aligned inside it. The kernel refuses
-    /// (and counts, `Counter::PyBadProcInfo`) an entry that does not.
+    /// Whether the frame offsets fit the kernel's one-read frame header: `frame_read_bytes` a
+    /// multiple of 8 in `8..=PY_FRAME_HEADER_BYTES`, the 8-byte fields (`previous`,
+    /// `executable`, `instr_ptr`) 8-aligned inside it, `owner` and `is_entry` absent or inside
+    /// it, `tlbc_index` absent or 4-aligned inside it. The kernel refuses (and counts,
+    /// `Counter::PyBadProcInfo`) an entry that does not.
     #[must_use]
     pub const fn frame_offsets_fit(&self) -> bool {
-        const fn word(off: u32, size: u32) -> bool {
-            off.is_multiple_of(size) && off <= PY_FRAME_HEADER_BYTES - size
+        const fn word(off: u32, size: u32, n: u32) -> bool {
+            off.is_multiple_of(size) && off <= n - size
         }
-        word(self.frame_previous, 8)
-            && word(self.frame_executable, 8)
-            && word(self.frame_instr_ptr, 8)
-            && self.frame_owner < PY_FRAME_HEADER_BYTES
-            && (self.frame_tlbc_index == PY_NO_OFFSET || word(self.frame_tlbc_index, 4))
+        const fn byte(off: u32, n: u32) -> bool {
+            off == PY_NO_OFFSET || off < n
+        }
+        let n = self.frame_read_bytes;
+        if n < 8 || n > PY_FRAME_HEADER_BYTES || !n.is_multiple_of(8) {
+            return false;
+        }
+        word(self.frame_previous, 8, n)
+            && word(self.frame_executable, 8, n)
+            && word(self.frame_instr_ptr, 8, n)
+            && byte(self.frame_owner, n)
+            && byte(self.frame_is_entry, n)
+            && (self.frame_tlbc_index == PY_NO_OFFSET || word(self.frame_tlbc_index, 4, n))
     }
 }
 
@@ -205,10 +235,12 @@ pub struct PyFrameRecord {
     pub instr_ptr: u64,
     /// `tlbc_index` (3.14t), else 0.
     pub tlbc_index: i32,
-    /// `owner` byte.
+    /// `owner` byte (0 where frames have none).
     pub owner: u8,
+    /// `is_entry` byte (3.11; 0 elsewhere).
+    pub is_entry: u8,
     /// Explicit padding.
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 2],
 }
 const _: () = assert!(core::mem::size_of::<PyFrameRecord>() == 24);
 
@@ -586,14 +618,17 @@ mod tests {
         assert!(STACK_SIZE_CLASSES.contains(&DEFAULT_STACK_BYTES));
     }
 
-    /// The frame offsets of 3.12/3.13 (owner @70), 3.14/3.15 (@74) and 3.14t (@78, tlbc @72).
+    /// The frame offsets of 3.12/3.13 (owner @70), 3.14/3.15 (@74) and 3.14t (@78, tlbc @72),
+    /// read as 80 bytes.
     fn info(owner: u32, tlbc: u32) -> PyProcInfo {
         PyProcInfo {
             frame_previous: 8,
             frame_executable: 0,
             frame_instr_ptr: 56,
             frame_owner: owner,
+            frame_is_entry: PY_NO_OFFSET,
             frame_tlbc_index: tlbc,
+            frame_read_bytes: 80,
             ..PyProcInfo::default()
         }
     }
@@ -603,6 +638,49 @@ mod tests {
         assert!(info(70, PY_NO_OFFSET).frame_offsets_fit());
         assert!(info(74, PY_NO_OFFSET).frame_offsets_fit());
         assert!(info(78, 72).frame_offsets_fit());
+        // 3.11 `_PyInterpreterFrame`: f_code @32, previous @48, prev_instr @56, is_entry @68,
+        // owner @69, read as 72 bytes.
+        let v311 = PyProcInfo {
+            frame_previous: 48,
+            frame_executable: 32,
+            frame_instr_ptr: 56,
+            frame_owner: 69,
+            frame_is_entry: 68,
+            frame_tlbc_index: PY_NO_OFFSET,
+            frame_read_bytes: 72,
+            ..PyProcInfo::default()
+        };
+        assert!(v311.frame_offsets_fit());
+        // 3.8/3.9 `PyFrameObject`: f_back @24, f_code @32, f_lasti @104, no owner, 112 bytes.
+        let v39 = PyProcInfo {
+            frame_previous: 24,
+            frame_executable: 32,
+            frame_instr_ptr: 104,
+            frame_owner: PY_NO_OFFSET,
+            frame_is_entry: PY_NO_OFFSET,
+            frame_tlbc_index: PY_NO_OFFSET,
+            frame_read_bytes: 112,
+            ..PyProcInfo::default()
+        };
+        assert!(v39.frame_offsets_fit());
+        for bad_len in [0, 4, 108, 136] {
+            assert!(
+                !PyProcInfo {
+                    frame_read_bytes: bad_len,
+                    ..v39
+                }
+                .frame_offsets_fit(),
+                "read {bad_len}"
+            );
+        }
+        assert!(
+            !PyProcInfo {
+                frame_read_bytes: 104,
+                ..v39
+            }
+            .frame_offsets_fit(),
+            "f_lasti outside the bytes read"
+        );
     }
 
     #[test]
@@ -639,17 +717,23 @@ mod tests {
             interp_gil_struct: 7792,
             tstate_next: 8,
             tstate_interp: 16,
+            runtime_gil: PY_NO_OFFSET,
             tstate_native_thread_id: 160,
+            tstate_pthread_id: 152,
+            task_fsbase: 5000,
             tstate_current_frame: 72,
             cframe_current_frame: PY_NO_OFFSET,
             frame_previous: 8,
             frame_executable: 0,
             frame_instr_ptr: 56,
             frame_owner: 74,
+            frame_is_entry: PY_NO_OFFSET,
+            frame_read_bytes: 80,
             frame_tlbc_index: PY_NO_OFFSET,
             gil_locked: 8,
             gil_holder: 0,
             gil_enabled: PY_NO_OFFSET,
+            _pad: 0,
         };
         assert_eq!(decode::<PyProcInfo>(encode(&info)), Some(info));
         let mut cap = PyCapture {
@@ -666,7 +750,8 @@ mod tests {
             instr_ptr: 0x7f00_1234_6000,
             tlbc_index: -1,
             owner: 3,
-            _pad: [0; 3],
+            is_entry: 1,
+            _pad: [0; 2],
         };
         let bytes = encode(&cap);
         assert_eq!(bytes.len(), 32 + 24 * PY_MAX_FRAMES);
@@ -684,6 +769,7 @@ mod tests {
         assert_eq!(back.frames, cap.frames);
         // The frame records start right after the 32-byte header, 24 bytes each.
         assert_eq!(bytes[32 + 24 + 20], 3, "owner of frame 1");
+        assert_eq!(bytes[32 + 24 + 21], 1, "is_entry of frame 1");
         assert_eq!(&bytes[32 + 24 + 16..32 + 24 + 20], &(-1i32).to_le_bytes());
     }
 

@@ -34,11 +34,13 @@ pub static PY_PROCS: HashMap<u32, PyProcInfo> = HashMap::with_max_entries(PY_PRO
 pub static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PY_TSTATES_ENTRIES, 0);
 
 /// Words of the frame-header scratch buffer: a power of two, so that masking a word index with
-/// `SCRATCH_WORDS - 1` keeps every access inside it (the verifier wants bounds it can see).
-pub const SCRATCH_WORDS: usize = 16;
+/// `SCRATCH_WORDS - 1` keeps every access inside it (the verifier wants bounds it can see),
+/// and twice `PY_FRAME_HEADER_BYTES`, so that the read length masked with `FRAME_LEN_MASK`
+/// (at most 248) fits too.
+pub const SCRATCH_WORDS: usize = 32;
 const _: () = assert!(
     SCRATCH_WORDS.is_power_of_two()
-        && SCRATCH_WORDS * 8 >= sampler_common::PY_FRAME_HEADER_BYTES as usize
+        && SCRATCH_WORDS * 8 >= 2 * sampler_common::PY_FRAME_HEADER_BYTES as usize
 );
 
 /// One frame header read from the target (`PY_FRAME_HEADER_BYTES` of it are used). Per-CPU

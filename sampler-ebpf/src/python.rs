@@ -40,11 +40,11 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::bpf_pidns_info,
-    helpers::{bpf_probe_read_user, generated},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated},
 };
 use sampler_common::{
-    Counter, PY_FRAME_HEADER_BYTES, PY_MAX_FRAMES, PY_MAX_THREADS_WALKED, PY_NO_OFFSET, PyCapture,
-    PyFrameRecord, PyProcInfo, py_flags,
+    Counter, PY_MAX_FRAMES, PY_MAX_THREADS_WALKED, PY_NO_OFFSET, PyCapture, PyFrameRecord,
+    PyProcInfo, py_flags,
 };
 
 use crate::maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n};
@@ -63,6 +63,10 @@ const GIL_UNKNOWN: i32 = -1;
 const WORD_MASK: usize = SCRATCH_WORDS - 1;
 const INT_MASK: usize = SCRATCH_WORDS * 2 - 1;
 const BYTE_MASK: usize = SCRATCH_WORDS * 8 - 1;
+/// Mask of the per-frame read length: a multiple of 8 below the scratch size (the verifier
+/// needs a bound it can see; `frame_offsets_fit` has checked the real value).
+const FRAME_LEN_MASK: u32 = 0xf8;
+const _: () = assert!(FRAME_LEN_MASK as usize <= SCRATCH_WORDS * 8);
 
 /// Why the walk stopped before the end of the frame chain.
 #[derive(Clone, Copy)]
@@ -170,14 +174,14 @@ unsafe fn try_capture(
     if !info.frame_offsets_fit() {
         return Err(Stop::BadProcInfo);
     }
-    let ns_tid = target_tid(info, host_tid)?;
+    let key = thread_key(info, host_tid)?;
     let head = read_u64(info.runtime_addr, info.interpreters_head)?;
     let mut found = Found {
         tstate: 0,
         top: 0,
         interp: head,
     };
-    let result = find_tstate(info, host_tid, ns_tid, &mut found, h);
+    let result = find_tstate(info, host_tid, key, &mut found, h);
     // The GIL of the thread state's own interpreter; without one, of the last one walked.
     let gil_interp = if result.is_ok() {
         read_u64(found.tstate, info.tstate_interp)
@@ -193,6 +197,27 @@ unsafe fn try_capture(
     h.flags |= py_flags::CAPTURED;
     // SAFETY: forwarded from the caller.
     unsafe { walk_frames(info, found.top, out, h) }
+}
+
+/// What identifies the sampled thread in a thread state: (the value, its offset in
+/// `PyThreadState`). 3.11+: `native_thread_id`, the tid in the target's pid namespace. Before:
+/// `thread_id`, the `pthread_t`, which on x86-64 (glibc and musl) is the thread pointer the
+/// kernel keeps in `task->thread.fsbase`.
+#[inline(always)]
+fn thread_key(info: &PyProcInfo, host_tid: u32) -> Result<(u64, u32), Stop> {
+    if info.tstate_native_thread_id != PY_NO_OFFSET {
+        return Ok((target_tid(info, host_tid)?, info.tstate_native_thread_id));
+    }
+    if info.task_fsbase == PY_NO_OFFSET {
+        return Err(Stop::BadProcInfo);
+    }
+    // SAFETY: the helper takes no arguments; it returns the current task's address.
+    let task = unsafe { generated::bpf_get_current_task() };
+    // SAFETY: the helper validates the kernel address (a fault is an error, not a crash).
+    let fsbase =
+        unsafe { bpf_probe_read_kernel((task as usize + info.task_fsbase as usize) as *const u64) }
+            .map_err(|_| Stop::Read)?;
+    Ok((fsbase, info.tstate_pthread_id))
 }
 
 /// The sampled thread's id in the target's pid namespace (`native_thread_id` holds that one).
@@ -217,11 +242,17 @@ fn target_tid(info: &PyProcInfo, host_tid: u32) -> Result<u64, Stop> {
     Ok(u64::from(ns.pid))
 }
 
-/// Words of the GIL `interp` uses (cpython-layouts §6): the struct `ceval.gil` points at, or
-/// the embedded `_gil` when that is NULL. A failed read flags the capture, nothing more.
+/// Words of the GIL `interp` uses: ≤ 3.11 the process's one `_PyRuntime.ceval.gil`; 3.12+
+/// the struct `ceval.gil` points at, or the embedded `_gil` when that is NULL. A failed read
+/// flags the capture, nothing more.
 #[inline(always)]
 fn read_gil(info: &PyProcInfo, interp: u64, h: &mut Header) {
-    let gil = match read_u64(interp, info.interp_ceval_gil) {
+    let gil = if info.runtime_gil != PY_NO_OFFSET {
+        Ok(info.runtime_addr.wrapping_add(u64::from(info.runtime_gil)))
+    } else {
+        read_u64(interp, info.interp_ceval_gil)
+    };
+    let gil = match gil {
         Ok(0) => interp.wrapping_add(u64::from(info.interp_gil_struct)),
         Ok(gil) => gil,
         Err(stop) => {
@@ -260,14 +291,14 @@ struct Found {
     interp: u64,
 }
 
-/// The sampled thread's thread state (its `native_thread_id` is `ns_tid`) and top frame: from
+/// The sampled thread's thread state (`key` at `key_off`, see [`thread_key`]) and top frame: from
 /// the cache if the entry still matches, else by walking every interpreter's thread list from
 /// `found.interp` (a match with a frame wins and is cached; else a frameless one).
 #[inline(always)]
 fn find_tstate(
     info: &PyProcInfo,
     host_tid: u32,
-    ns_tid: u64,
+    (key, key_off): (u64, u32),
     found: &mut Found,
     h: &mut Header,
 ) -> Result<(), Stop> {
@@ -275,7 +306,7 @@ fn find_tstate(
         // SAFETY: a pointer to a value of this map, valid for the program run.
         let tstate = unsafe { *cached };
         // A stale entry (thread gone, memory reused or unmapped) just falls through to the walk.
-        if matches!(read_u64(tstate, info.tstate_native_thread_id), Ok(id) if id == ns_tid) {
+        if matches!(read_u64(tstate, key_off), Ok(id) if id == key) {
             h.flags |= py_flags::CACHE_HIT;
             found.tstate = tstate;
             found.top = top_frame(tstate, info.tstate_current_frame, info.cframe_current_frame)?;
@@ -292,10 +323,10 @@ fn find_tstate(
     *walk = ThreadWalk {
         tstate: read_u64(found.interp, info.threads_head)?,
         interp: found.interp,
-        ns_tid,
+        ns_tid: key,
         top: 0,
         fallback: 0,
-        id_off: info.tstate_native_thread_id,
+        id_off: key_off,
         next_off: info.tstate_next,
         interp_next_off: info.interp_next,
         threads_head_off: info.threads_head,
@@ -358,13 +389,13 @@ pub struct ThreadWalk {
     tstate: u64,
     /// The interpreter whose list is walked.
     interp: u64,
-    /// `native_thread_id` to find.
+    /// The thread key to find (`native_thread_id` or `pthread_t`, see [`thread_key`]).
     ns_tid: u64,
     /// The match's top frame when [`FOUND`].
     top: u64,
     /// A match without a frame (the last one seen; 0: none yet).
     fallback: u64,
-    /// Offsets (`PyProcInfo::tstate_native_thread_id`, `tstate_next`, `interp_next`,
+    /// Offsets (of the thread key, `PyProcInfo::tstate_next`, `interp_next`,
     /// `threads_head`, `tstate_current_frame`, `cframe_current_frame`).
     id_off: u32,
     next_off: u32,
@@ -461,7 +492,9 @@ unsafe fn walk_frames(
         ip: info.frame_instr_ptr,
         prev: info.frame_previous,
         owner: info.frame_owner,
+        is_entry: info.frame_is_entry,
         tlbc: info.frame_tlbc_index,
+        len: info.frame_read_bytes,
         _pad: 0,
     };
     // SAFETY: the callback is a static function taking a `FrameWalk`, which `walk` is.
@@ -500,7 +533,10 @@ struct FrameWalk {
     ip: u32,
     prev: u32,
     owner: u32,
+    is_entry: u32,
     tlbc: u32,
+    /// Bytes read per frame (`PyProcInfo::frame_read_bytes`).
+    len: u32,
     _pad: u32,
 }
 
@@ -514,12 +550,12 @@ extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
         return LOOP_STOP;
     }
     let scratch = walk.scratch;
-    // SAFETY: the scratch value holds `SCRATCH_WORDS * 8 >= PY_FRAME_HEADER_BYTES` bytes; the
-    // source is a target address the helper validates.
+    // SAFETY: the scratch value holds `SCRATCH_WORDS * 8` bytes, more than the masked length;
+    // the source is a target address the helper validates.
     let ret = unsafe {
         generated::bpf_probe_read_user(
             scratch.cast::<c_void>(),
-            PY_FRAME_HEADER_BYTES,
+            walk.len & FRAME_LEN_MASK,
             walk.frame as *const c_void,
         )
     };
@@ -537,21 +573,33 @@ extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
         let record = walk.frames.add(index as usize).cast::<u64>();
         record.write(word(scratch, walk.exec));
         record.add(1).write(word(scratch, walk.ip));
-        record
-            .add(2)
-            .write(tail_word(tlbc_index, byte(scratch, walk.owner)));
+        record.add(2).write(tail_word(
+            tlbc_index,
+            opt_byte(scratch, walk.owner),
+            opt_byte(scratch, walk.is_entry),
+        ));
     }
     walk.frame = word(scratch, walk.prev);
     walk.nframes = index as u32 + 1;
     LOOP_CONTINUE
 }
 
-/// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4), zero
-/// padding (little-endian). Writing the record as three words keeps LLVM from emitting a
-/// `memset` call for the padding.
+/// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4),
+/// `is_entry` (byte 5), zero padding (little-endian). Writing the record as three words keeps
+/// LLVM from emitting a `memset` call for the padding.
 #[inline(always)]
-fn tail_word(tlbc_index: i32, owner: u8) -> u64 {
-    u64::from(tlbc_index as u32) | u64::from(owner) << 32
+fn tail_word(tlbc_index: i32, owner: u8, is_entry: u8) -> u64 {
+    u64::from(tlbc_index as u32) | u64::from(owner) << 32 | u64::from(is_entry) << 40
+}
+
+/// The byte at `off`, or 0 for an absent field (`PY_NO_OFFSET`).
+#[inline(always)]
+fn opt_byte(scratch: *const u64, off: u32) -> u8 {
+    if off == PY_NO_OFFSET {
+        0
+    } else {
+        byte(scratch, off)
+    }
 }
 const _: () = {
     assert!(size_of::<PyFrameRecord>() == 24);
@@ -559,6 +607,7 @@ const _: () = {
     assert!(core::mem::offset_of!(PyFrameRecord, instr_ptr) == 8);
     assert!(core::mem::offset_of!(PyFrameRecord, tlbc_index) == 16);
     assert!(core::mem::offset_of!(PyFrameRecord, owner) == 20);
+    assert!(core::mem::offset_of!(PyFrameRecord, is_entry) == 21);
 };
 
 /// The 8-byte field at byte offset `off` of the scratch buffer (`off` 8-aligned, checked by

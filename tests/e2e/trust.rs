@@ -289,3 +289,303 @@ fn issue15_devices_stdout_and_sudo_ownership() {
     assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Whether `s` holds a character no terminal or line format may get raw: C0 controls other
+/// than the line feeds that end lines, DEL, C1 controls.
+fn has_raw_control(s: &str) -> Option<char> {
+    s.chars().find(|&c| c != '\n' && (c.is_control()))
+}
+
+#[test]
+fn issue15_hostile_names_are_data() {
+    let Some(interp) = crate::common::require_interpreter("3.12") else {
+        return;
+    };
+    let w = crate::pyrecord::support::Workload::start(&interp, "hostile.py", &[], &[]);
+    let pid = w.pid.to_string();
+    // dump: no raw control character, the names still there, made printable.
+    let o = run_within(&mut pyebpf(&["dump", "-p", &pid]), Duration::from_mins(1));
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        has_raw_control(&out),
+        None,
+        "raw control character in dump:\n{out:?}"
+    );
+    assert!(out.contains("spin?[31m???FAKE (x.py:1);<x>&amp;"), "{out}");
+    assert!(out.contains("evil?[2J???<file>&.py:3"), "{out}");
+    assert!(out.contains("thr?]0;owned???FAKE Thread 1 <b>"), "{out}");
+    // record: the flame graph is well-formed XML and shows the process; the folded stacks keep
+    // one sample per line; the summary has no raw control character either.
+    let d = private_dir("hostile");
+    let (svg, txt) = (d.join("h.svg"), d.join("h.txt"));
+    let o = run_within(
+        pyebpf(&["record", "-q", "-p", &pid, "--threads", "-d", "2"])
+            .arg("-o")
+            .arg(&svg)
+            .arg("-o")
+            .arg(&txt),
+        Duration::from_mins(1),
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        has_raw_control(&err),
+        None,
+        "raw control character on stderr:\n{err:?}"
+    );
+    let folded = std::fs::read_to_string(&txt).unwrap();
+    assert_eq!(has_raw_control(&folded), None, "{folded:?}");
+    let root = format!("ev?[2J???<x>& ({pid})");
+    let mine: Vec<&str> = folded.lines().filter(|l| l.starts_with(&root)).collect();
+    assert!(!mine.is_empty(), "no sample of {root:?}:\n{folded}");
+    for l in &mine {
+        let (stack, count) = l.rsplit_once(' ').unwrap();
+        assert!(count.parse::<u64>().is_ok(), "{l:?}");
+        assert!(stack.split(';').count() >= 2, "{l:?}");
+    }
+    assert!(
+        mine.iter()
+            .any(|l| l.contains(";spin?[31m???FAKE (x.py:1):<x>&amp: (evil?[2J???<file>&.py:3)")),
+        "{mine:?}"
+    );
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    let xml = roxmltree::Document::parse_with_options(&doc, opts)
+        .unwrap_or_else(|e| panic!("the flame graph is not well-formed XML: {e}"));
+    let titles: Vec<String> = xml
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text().map(str::to_string))
+        .collect();
+    assert!(
+        titles.iter().any(|t| t.starts_with(&root)),
+        "no <title> of the process {root:?} in the flame graph"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Every bad input: one line, the documented status, no file, never a panic.
+#[test]
+fn issue15_bad_inputs_one_line_documented_status_no_file() {
+    if !require_root() {
+        return;
+    }
+    let target = spinner();
+    let t = target.pid().to_string();
+    // A zombie: a child that exits and is never reaped by its parent.
+    let mut parent = Command::new("perl")
+        .args([
+            "-e",
+            "$| = 1; my $p = fork; if ($p == 0) { exit 0 } print \"$p\\n\"; sleep 60",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let zombie = line.trim().to_string();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{zombie}/stat")).is_ok_and(|s| s.contains(") Z"))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no zombie");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let d = private_dir("bad-input");
+    let out = d.join("out.svg");
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["-p", &t, "-d", "1e20"], 2, "invalid duration"),
+        (&["-p", &t, "-d", "-1"], 2, "invalid duration -1"),
+        (&["-p", &t, "-d", "inf"], 2, "invalid duration"),
+        (&["-p", &t, "-r", "0"], 2, "invalid rate 0"),
+        (&["-p", &t, "-r", "1e20"], 2, "'--rate <HZ>'"),
+        (&["-p", &t, "-r", "20000"], 2, "invalid rate 20000"),
+        (
+            &["-p", &t, "--stack-size", "1e20"],
+            2,
+            "'--stack-size <BYTES>'",
+        ),
+        (
+            &["-p", &t, "--stack-size", "100000"],
+            2,
+            "invalid --stack-size 100000",
+        ),
+        (
+            &["-p", &t, "--native", "--stack-size", "0"],
+            2,
+            "invalid --stack-size 0",
+        ),
+        (&["-p", "0", "-d", "1"], 1, "no such process: 0"),
+        (&["-p", "2", "-d", "1"], 1, "kernel thread"),
+        (&["-p", &zombie, "-d", "1"], 1, "zombie"),
+        (
+            &["-d", "1", "--", "/nonexistent-pyebpf"],
+            1,
+            "cannot start /nonexistent-pyebpf",
+        ),
+        (
+            &["-d", "1", "--", "/etc/passwd"],
+            1,
+            "cannot start /etc/passwd: Permission denied",
+        ),
+    ];
+    for (args, status, needle) in cases {
+        let mut c = pyebpf(&["record"]);
+        c.arg("-o").arg(&out).args(*args);
+        let o = run_within(&mut c, Duration::from_secs(30));
+        let err = text(&o.stderr);
+        let what = format!("record {args:?}");
+        assert_eq!(o.status.code(), Some(*status), "{what}: {err}");
+        assert_eq!(err.lines().count(), 1, "{what}: not one line:\n{err}");
+        assert!(
+            err.starts_with("pyebpf: ") && err.contains(needle),
+            "{what}: {err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+        assert!(left.is_empty(), "{what}: left {left:?}");
+    }
+    let _ = parent.kill();
+    let _ = parent.wait();
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `report` of a saved profile: status, the incomplete warning (if any), the sample count.
+fn saved_samples(path: &Path) -> (bool, u64) {
+    let o = run_within(
+        &mut pyebpf(&["report", path.to_str().unwrap()]),
+        Duration::from_mins(1),
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "report {}: {err}", path.display());
+    let n = out
+        .lines()
+        .find_map(|l| l.strip_prefix("# samples: "))
+        .unwrap_or_else(|| panic!("no sample count in\n{out}"))
+        .trim()
+        .parse()
+        .unwrap();
+    (err.contains("incomplete"), n)
+}
+
+/// Whatever files a run left are complete: the SVG parses, the folded lines parse, nothing
+/// else (no temporary file) is in the directory.
+fn assert_complete_files(d: &Path, allowed: &[&str]) {
+    for e in std::fs::read_dir(d).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(allowed.contains(&name.as_str()), "left behind: {name}");
+    }
+    let svg = d.join("run.svg");
+    if svg.exists() {
+        let doc = std::fs::read_to_string(&svg).unwrap();
+        let opts = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..roxmltree::ParsingOptions::default()
+        };
+        roxmltree::Document::parse_with_options(&doc, opts)
+            .unwrap_or_else(|e| panic!("run.svg is incomplete: {e}"));
+    }
+    let txt = d.join("run.txt");
+    if txt.exists() {
+        for l in std::fs::read_to_string(&txt).unwrap().lines() {
+            let (_, count) = l.rsplit_once(' ').unwrap();
+            assert!(count.parse::<u64>().is_ok(), "run.txt: {l:?}");
+        }
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+#[test]
+fn issue15_sighup_double_ctrl_c_and_sigkill_keep_complete_files() {
+    if !require_root() {
+        return;
+    }
+    let _target = spinner();
+    let outs = ["run.pyebpf", "run.svg", "run.txt", "run.speedscope.json"];
+    let start = |d: &Path, rate: &str| {
+        let mut c = pyebpf(&["record", "-q", "--all", "-r", rate]);
+        for o in outs {
+            c.arg("-o").arg(d.join(o));
+        }
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    // SIGHUP: like Ctrl-C, everything written.
+    let d = private_dir("sighup");
+    let child = start(&d, "99");
+    std::thread::sleep(Duration::from_secs(3));
+    signal(child.id(), libc::SIGHUP);
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("stopped early"), "{err}");
+    for f in outs {
+        assert!(d.join(f).exists(), "SIGHUP: {f} missing:\n{err}");
+    }
+    assert_complete_files(&d, &outs);
+    let (incomplete, n) = saved_samples(&d.join("run.pyebpf"));
+    assert!(
+        !incomplete && n > 0,
+        "SIGHUP: {n} samples, incomplete {incomplete}"
+    );
+    // Two Ctrl-C: the second one while the files are written.
+    let d = private_dir("twice");
+    let mut child = start(&d, "2000");
+    std::thread::sleep(Duration::from_secs(4));
+    signal(child.id(), libc::SIGINT);
+    // The summary is printed just before the files are written.
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !text(&seen).contains("lost samples:") {
+        let n = std::io::Read::read(&mut stderr, &mut buf).unwrap();
+        assert!(n > 0, "record ended before its summary: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    signal(child.id(), libc::SIGINT);
+    let t0 = Instant::now();
+    let status = child.wait().unwrap();
+    std::io::Read::read_to_end(&mut stderr, &mut seen).unwrap();
+    let err = text(&seen);
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "record kept writing: {err}"
+    );
+    assert!(
+        status.code().is_some(),
+        "killed by the second Ctrl-C: {err}"
+    );
+    if !status.success() {
+        assert!(
+            err.contains("interrupted by a second signal: not written"),
+            "{err}"
+        );
+    }
+    assert_complete_files(&d, &outs);
+    let (incomplete, n) = saved_samples(&d.join("run.pyebpf"));
+    assert!(!incomplete && n > 0, "{n} samples");
+    // SIGKILL during sampling: the saved profile loads with the samples of its chunks.
+    let d = private_dir("sigkill");
+    let mut child = start(&d, "99");
+    std::thread::sleep(Duration::from_secs(4));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_complete_files(&d, &["run.pyebpf"]);
+    let (incomplete, n) = saved_samples(&d.join("run.pyebpf"));
+    assert!(incomplete, "a killed run's file says it is incomplete");
+    // About 3 s of the spinner at 99 Hz were streamed before the kill.
+    assert!(n >= 100, "only {n} samples kept after SIGKILL");
+    for d in ["sighup", "twice", "sigkill"] {
+        let _ = std::fs::remove_dir_all(private_dir(d));
+    }
+}

@@ -35,7 +35,7 @@
 #      /proc/PID/mem by a host python3.
 # Output: table on stdout; $LOGDIR/sid-verify.txt (same table + details);
 #   ${ROOT}.provisioned (key=value summary, next to the root, not inside it);
-#   timings appended to $LOGDIR/sid-root-timings.tsv.
+#   timings appended to $LOGDIR/${SUITE}-root-timings.tsv.
 # Env knobs: PYEBPF_TEST_CACHE (default /var/cache/pyebpf-test), ROOT=$CACHE/roots/sid,
 #   SUITE=sid MIRROR=(the system's Debian mirror)
 #   VERSIONS="3.14 3.15" WITH_DBG=1 KEEP_DEBS=0 VERIFY=1 APT_UPDATE=0 (force apt-get
@@ -57,7 +57,7 @@ WORK=${WORK:-$CACHE/work}
 LOGDIR=$WORK/logs
 HOST_PY=${HOST_PY:-/usr/bin/python3}
 KEYRING=${KEYRING:-}
-TIMINGS=$LOGDIR/sid-root-timings.tsv
+TIMINGS=$LOGDIR/${SUITE}-root-timings.tsv
 STATE=${ROOT%/}.provisioned
 READER=$WORK/read-debug-offsets.py
 
@@ -124,7 +124,7 @@ else
       die "$ROOT exists but is not a complete debootstrapped root (no usr/bin/apt-get, var/lib/dpkg/status or base-files); remove it by hand or set ROOT="
     fi
   fi
-  DB_LOG=$LOGDIR/sid-debootstrap.log
+  DB_LOG=$LOGDIR/${SUITE}-debootstrap.log
   log "debootstrap --variant=minbase $SUITE $ROOT $MIRROR (log $DB_LOG)"
   if ! debootstrap --variant=minbase ${KEYRING:+--keyring="$KEYRING"} "$SUITE" "$ROOT" "$MIRROR" >"$DB_LOG" 2>&1; then
     tail -n 15 "$DB_LOG" >&2
@@ -166,7 +166,7 @@ if ((${#missing[@]} == 0)); then
   log "packages already installed in root: ${PKGS[*]}"
   TIME[apt_install]=skipped
 else
-  AL=$LOGDIR/sid-apt.log; : >"$AL"
+  AL=$LOGDIR/${SUITE}-apt.log; : >"$AL"
   apt_update() {
     log "chroot apt-get update"
     in_root_apt update >>"$AL" 2>&1 || { tail -n 15 "$AL" >&2; die "apt-get update in $ROOT failed (log $AL)"; }
@@ -295,7 +295,7 @@ if ! cmp -s "$tmpd/read-debug-offsets.py" "$READER" 2>/dev/null; then
 fi
 
 # ----------------------------------------------------------------- 5. verify
-VT=$LOGDIR/sid-verify.txt
+VT=$LOGDIR/${SUITE}-verify.txt
 fails=()
 if [[ $VERIFY == 1 ]]; then
   t0=$(date +%s.%N)

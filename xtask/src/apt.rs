@@ -48,6 +48,10 @@ pub const TESTS: &[&str] = &[
     "libexpat1-dev",
     // `go tool pprof`, the real consumer of `-f pprof` in the e2e tests.
     "golang-go",
+    // Debian 12's own CPython 3.11 (static, stripped) and its detached debug file (the
+    // "stripped with a debug file" case of the 3.11 tests).
+    "python3.11",
+    "python3.11-dbg",
 ];
 
 /// Packages among `want` that are not in state "ii".

@@ -3,10 +3,13 @@
 //!
 //! | name         | from                                                                   |
 //! |--------------|------------------------------------------------------------------------|
-//! | 3.12, 3.13   | pyenv 3.12.1 / 3.13.0 (`$PYENV_ROOT`, default `~/.pyenv`)              |
+//! | 3.8 – 3.13   | pyenv 3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0 (`$PYENV_ROOT`)  |
+//! | 3.11-debian  | Debian 12's own `/usr/bin/python3.11` (+ `python3.11-dbg`), apt        |
+//! | 3.9-bullseye | Debian 11's python3.9 (+ -dbg) in a debootstrapped bullseye root       |
 //! | 3.13t        | Debian's python3.13 source, `--enable-shared --disable-gil`            |
 //! | 3.13t-static | Debian's python3.13 source, `--disable-gil`                            |
 //! | 3.14, 3.15   | Debian sid's python3.14 / python3.15 (+ -dbg) in a debootstrapped root |
+//! | 2.7, 3.7     | pyenv 2.7.18 / 3.7.16: versions pyebpf refuses (the "unsupported" test) |
 //!
 //! The heavy work is in `xtask/scripts/` (ported from the team's verified recipes); this module
 //! decides from their completion markers whether to run them, so a warm cache costs nothing.
@@ -37,8 +40,8 @@ impl Cache {
     fn prefix(&self, variant: &str) -> PathBuf {
         self.0.join("pythons").join(variant)
     }
-    fn sid_root(&self) -> PathBuf {
-        self.0.join("roots/sid")
+    fn root(&self, suite: &str) -> PathBuf {
+        self.0.join("roots").join(suite)
     }
     pub fn manifest(&self) -> PathBuf {
         self.0.join("interpreters.json")
@@ -50,17 +53,31 @@ enum Source {
     Pyenv(&'static str, &'static str),
     /// build-pythons.sh variant (= prefix name) and executable name.
     Built(&'static str, &'static str),
-    /// Executable in the sid root.
-    Sid(&'static str),
+    /// Executable in a debootstrapped root of this Debian suite.
+    Root(&'static str, &'static str),
+    /// The host's own interpreter (from apt).
+    System(&'static str),
 }
 
-const WANTED: [(&str, Source); 6] = [
+/// Suites of the debootstrapped roots and the CPython minors each gets.
+const ROOTS: [(&str, &str); 2] = [("sid", "3.14 3.15"), ("bullseye", "3.9")];
+
+const WANTED: [(&str, Source); 15] = [
+    ("3.8", Source::Pyenv("3.8.18", "python3.8")),
+    ("3.9", Source::Pyenv("3.9.18", "python3.9")),
+    ("3.10", Source::Pyenv("3.10.13", "python3.10")),
+    ("3.11", Source::Pyenv("3.11.7", "python3.11")),
+    ("3.11-debian", Source::System("/usr/bin/python3.11")),
+    ("3.9-bullseye", Source::Root("bullseye", "python3.9")),
     ("3.12", Source::Pyenv("3.12.1", "python3.12")),
     ("3.13", Source::Pyenv("3.13.0", "python3.13")),
     ("3.13t", Source::Built("3.13t", "python3.13t")),
     ("3.13t-static", Source::Built("3.13t-static", "python3.13t")),
-    ("3.14", Source::Sid("python3.14")),
-    ("3.15", Source::Sid("python3.15")),
+    ("3.14", Source::Root("sid", "python3.14")),
+    ("3.15", Source::Root("sid", "python3.15")),
+    ("2.7", Source::Pyenv("2.7.18", "python2.7")),
+    ("3.6", Source::Pyenv("3.6.15", "python3.6")),
+    ("3.7", Source::Pyenv("3.7.16", "python3.7")),
 ];
 
 /// One manifest entry. `python` is the path as the interpreter sees it; with a `root`, the
@@ -167,23 +184,22 @@ fn ensure_built(cache: &Cache) -> Result<()> {
     )
 }
 
-/// Runs provision-sid-root.sh unless its summary file exists and both interpreters are there.
-fn ensure_sid(cache: &Cache, no_apt: bool) -> Result<()> {
-    let root = cache.sid_root();
+/// Runs provision-sid-root.sh for `suite` unless its summary file exists and its
+/// interpreters are there (sid: 3.14 and 3.15; bullseye: 3.9).
+fn ensure_root(cache: &Cache, suite: &str, versions: &str, no_apt: bool) -> Result<()> {
+    let root = cache.root(suite);
     let state = PathBuf::from(format!("{}.provisioned", root.display()));
     let exes: Vec<PathBuf> = WANTED
         .iter()
-        .filter_map(|(_, s)| {
-            if let Source::Sid(e) = s {
-                Some(root.join("usr/bin").join(e))
-            } else {
-                None
-            }
+        .filter_map(|(_, s)| match s {
+            Source::Root(r, e) if *r == suite => Some(root.join("usr/bin").join(e)),
+            _ => None,
         })
         .collect();
+    let what = format!("{suite} root");
     if state.is_file() && exes.iter().all(|e| e.is_file()) {
         say(
-            "sid root",
+            &what,
             format!(
                 "{} present - skip (delete it to re-provision and re-verify)",
                 state.display()
@@ -192,16 +208,23 @@ fn ensure_sid(cache: &Cache, no_apt: bool) -> Result<()> {
         return Ok(());
     }
     say(
-        "sid root",
+        &what,
         format!(
-            "provisioning {} with debootstrap (~1-2 min, ~800 MB)",
+            "provisioning {} with debootstrap (~1-2 min, ~300-800 MB)",
             root.display()
         ),
     );
     let mut cmd = sh::clean("bash");
     cmd.arg(script("provision-sid-root.sh"))
         .env("PYEBPF_TEST_CACHE", &cache.0)
-        .env("ROOT", &root);
+        .env("ROOT", &root)
+        .env("SUITE", suite)
+        .env("VERSIONS", versions);
+    if suite != "sid" {
+        // The verification reads `_Py_DebugOffsets` (3.13+); older roots are checked by the
+        // tests (they attach to their interpreter).
+        cmd.env("VERIFY", "0");
+    }
     if no_apt {
         cmd.env("NO_HOST_APT", "1");
     }
@@ -266,7 +289,8 @@ fn write_manifest(cache: &Cache) -> Result<Vec<String>> {
                 None,
             ),
             Source::Built(v, exe) => (cache.prefix(v).join("bin").join(exe), None),
-            Source::Sid(exe) => (Path::new("/usr/bin").join(exe), Some(cache.sid_root())),
+            Source::Root(suite, exe) => (Path::new("/usr/bin").join(exe), Some(cache.root(suite))),
+            Source::System(path) => (PathBuf::from(path), None),
         };
         match describe(name, &python, root.as_deref()) {
             Ok(e) => entries.push(e),
@@ -308,7 +332,7 @@ fn write_manifest(cache: &Cache) -> Result<Vec<String>> {
 }
 
 /// Provisions every test interpreter and writes the manifest. Each part is attempted even if
-/// an earlier one failed; the returned list names what is missing (empty: all six present).
+/// an earlier one failed; the returned list names what is missing (empty: all present).
 pub fn ensure(cache: &Cache, no_apt: bool, timings: &mut sh::Timings) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for (_, src) in &WANTED {
@@ -321,8 +345,12 @@ pub fn ensure(cache: &Cache, no_apt: bool, timings: &mut sh::Timings) -> Result<
     if let Err(e) = timings.phase("3.13t builds", || ensure_built(cache)) {
         problems.push(format!("3.13t builds: {e:#}"));
     }
-    if let Err(e) = timings.phase("sid root (3.14, 3.15)", || ensure_sid(cache, no_apt)) {
-        problems.push(format!("sid root: {e:#}"));
+    for (suite, versions) in ROOTS {
+        if let Err(e) = timings.phase(&format!("{suite} root ({versions})"), || {
+            ensure_root(cache, suite, versions, no_apt)
+        }) {
+            problems.push(format!("{suite} root: {e:#}"));
+        }
     }
     let missing = timings.phase("manifest", || write_manifest(cache))?;
     problems.extend(missing);

@@ -67,7 +67,7 @@ pub fn run(opts: &Options) -> Result<Ready> {
             format!("cache {} (PYEBPF_TEST_CACHE overrides)", cache.0.display()),
         );
         match interpreters::ensure(&cache, opts.no_apt, &mut t) {
-            Ok(missing) if missing.is_empty() => say("interpreters", "all six present"),
+            Ok(missing) if missing.is_empty() => say("interpreters", "all present"),
             Ok(missing) => {
                 for m in &missing {
                     say("interpreters", format!("MISSING {m}"));

@@ -433,7 +433,8 @@ mod tests {
                 instr_ptr: 0x2000 + i as u64,
                 tlbc_index: i as i32,
                 owner: (i % 4) as u8,
-                _pad: [0; 3],
+                is_entry: (i % 2) as u8,
+                _pad: [0; 2],
             };
         }
         cap

@@ -13,6 +13,7 @@
 //! ring-buffer contents (malformed records are counted and skipped); needs root or
 //! CAP_BPF + CAP_PERFMON (checked earlier by `preflight`). CPU hot-plug is not followed: CPUs
 //! that come online after `start` are not sampled.
+pub mod btf;
 mod counters;
 mod decode;
 mod error;

@@ -1,5 +1,6 @@
-//! Live tests of the in-kernel Python walk (issue 4) against the machine's real interpreters
-//! (3.12, 3.13, 3.13t shared, Debian's static 3.14 and 3.15 in the sid root), as root.
+//! Live tests of the in-kernel Python walk (issues 4 and 10) against the machine's real
+//! interpreters (pyenv's 3.8–3.13 shared, 3.13t shared, Debian's static 3.11, and Debian's
+//! static 3.14 and 3.15 in the sid root), as root.
 //!
 //! Each run starts an interpreter whose main thread spins in `spin_target` at a known depth
 //! (`<module>` → `recurse` × (depth − 2) → `spin_target`) while a second thread sleeps (so the
@@ -24,6 +25,7 @@ use super::{
     CollectConfig, Collector, Event, PyCaptured,
     root_tests::{SERIAL, have_root},
 };
+use crate::python::layout::EntryRule;
 use crate::python::{PythonProcess, kernel::kernel_info};
 
 /// The main thread spins at depth `argv[1]` (Python frames, `<module>` included) after
@@ -61,7 +63,32 @@ struct Interp {
     root: Option<&'static str>,
 }
 
-const INTERPRETERS: [Interp; 5] = [
+const INTERPRETERS: [Interp; 10] = [
+    Interp {
+        name: "3.8",
+        python: "/root/.pyenv/versions/3.8.18/bin/python3.8",
+        root: None,
+    },
+    Interp {
+        name: "3.9",
+        python: "/root/.pyenv/versions/3.9.18/bin/python3.9",
+        root: None,
+    },
+    Interp {
+        name: "3.10",
+        python: "/root/.pyenv/versions/3.10.13/bin/python3.10",
+        root: None,
+    },
+    Interp {
+        name: "3.11",
+        python: "/root/.pyenv/versions/3.11.7/bin/python3.11",
+        root: None,
+    },
+    Interp {
+        name: "3.11-debian",
+        python: "/usr/bin/python3.11",
+        root: None,
+    },
     Interp {
         name: "3.12",
         python: "/root/.pyenv/versions/3.12.1/bin/python3.12",
@@ -185,8 +212,13 @@ struct Run {
     /// Python function names of each distinct (code, instr_ptr, tlbc) seen.
     names: HashMap<(u64, u64, i32), Option<String>>,
     tag_mask: u64,
-    first_shim_owner: u8,
+    entry: EntryRule,
     free_threaded: bool,
+}
+
+/// Whether a captured frame holds Python code (not an entry or base frame).
+fn is_python(entry: EntryRule, owner: u8) -> bool {
+    !matches!(entry, EntryRule::OwnerAtLeast(n) if owner >= n)
 }
 
 impl Run {
@@ -195,7 +227,7 @@ impl Run {
     fn stack(&self, cap: &PyCaptured) -> Vec<&str> {
         cap.frames
             .iter()
-            .filter(|f| f.owner < self.first_shim_owner)
+            .filter(|f| is_python(self.entry, f.owner))
             .filter_map(|f| {
                 self.names
                     .get(&(f.executable & !self.tag_mask, f.instr_ptr, f.tlbc_index))
@@ -263,13 +295,10 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
 
     let mut names = HashMap::new();
     let layout = reader.layout();
-    let (tag_mask, first_shim_owner) = (
-        layout.frame.stackref_tag_mask,
-        layout.frame.first_shim_owner,
-    );
+    let (tag_mask, entry) = (layout.frame.stackref_tag_mask, layout.frame.entry);
     let free_threaded = reader.version().free_threaded;
     for cap in captures.iter().flatten() {
-        for f in cap.frames.iter().filter(|f| f.owner < first_shim_owner) {
+        for f in cap.frames.iter().filter(|f| is_python(entry, f.owner)) {
             let key = (f.executable & !tag_mask, f.instr_ptr, f.tlbc_index);
             names.entry(key).or_insert_with(|| {
                 reader
@@ -286,7 +315,7 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
         stats,
         names,
         tag_mask,
-        first_shim_owner,
+        entry,
         free_threaded,
     }
 }

@@ -1,10 +1,13 @@
 //! speedscope JSON: one "sampled" profile per process, in sample-time order, frames shared.
 //! Schema: <https://www.speedscope.app/file-format-schema.json>.
+//!
+//! Streamed: the document is written as it is walked (strings through `serde_json`), never
+//! built as a tree; beyond the profile itself it needs 4 bytes per sample (the per-process
+//! order), so writing 262 k samples costs a few MiB, not the gigabytes a `serde_json::Value`
+//! tree of every sample's stack took.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
-
-use serde_json::{Value, json};
 
 use super::Renderer;
 use crate::profile::{FrameKind, Profile};
@@ -12,68 +15,89 @@ use crate::profile::{FrameKind, Profile};
 /// speedscope renderer.
 pub struct Speedscope;
 
+/// A JSON string.
+fn string(out: &mut dyn Write, s: &str) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, s).map_err(io::Error::other)
+}
+
 impl Renderer for Speedscope {
     fn render(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
-        let frames: Vec<Value> = profile
-            .frames()
-            .iter()
-            .map(|f| {
-                let mut v = json!({ "name": f.label() });
-                if let Some(file) = f.file.as_deref().or(f.module.as_deref()) {
-                    v["file"] = json!(file);
-                }
-                if let Some(line) = f.line {
-                    v["line"] = json!(line);
-                }
-                v
-            })
-            .collect();
-        // Group samples by process; the process root frame becomes the profile's name.
-        let mut by_pid: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, s) in profile.samples().iter().enumerate() {
-            by_pid.entry(s.pid).or_default().push(i);
+        out.write_all(
+            br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":["#,
+        )?;
+        for (i, f) in profile.frames().iter().enumerate() {
+            out.write_all(if i == 0 {
+                b"{\"name\":"
+            } else {
+                b",{\"name\":"
+            })?;
+            string(out, &f.label())?;
+            if let Some(file) = f.file.as_deref().or(f.module.as_deref()) {
+                out.write_all(b",\"file\":")?;
+                string(out, file)?;
+            }
+            if let Some(line) = f.line {
+                write!(out, ",\"line\":{line}")?;
+            }
+            out.write_all(b"}")?;
+        }
+        out.write_all(b"]},\"profiles\":[")?;
+        // Samples by process, each in time order.
+        let samples = profile.samples();
+        let mut by_pid: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (i, s) in samples.iter().enumerate() {
+            by_pid.entry(s.pid).or_default().push(i as u32);
         }
         let period_ns = 1_000_000_000 / profile.meta.rate_hz.max(1);
-        let mut profiles = Vec::new();
-        for (pid, mut idx) in by_pid {
-            idx.sort_by_key(|&i| profile.samples()[i].time_ns);
-            let first = &profile.samples()[idx[0]];
-            let start = first.time_ns;
-            let end = profile.samples()[idx[idx.len() - 1]].time_ns + period_ns;
-            let mut name = format!("{} ({pid})", first.comm);
-            let mut samples = Vec::with_capacity(idx.len());
-            for &i in &idx {
-                let stack = profile.stack(profile.samples()[i].stack);
-                let (root, rest) = match stack.split_first() {
-                    Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => {
-                        (Some(r), rest)
-                    }
-                    _ => (None, stack),
-                };
-                if let Some(r) = root {
-                    name = profile.frame(*r).name.to_string();
-                }
-                samples.push(rest.iter().map(|f| f.0).collect::<Vec<_>>());
+        let root_of = |i: u32| {
+            let stack = profile.stack(samples[i as usize].stack);
+            match stack.split_first() {
+                Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => (Some(*r), rest),
+                _ => (None, stack),
             }
-            profiles.push(json!({
-                "type": "sampled",
-                "name": name,
-                "unit": "nanoseconds",
-                "startValue": 0,
-                "endValue": end - start,
-                "samples": samples,
-                "weights": vec![period_ns; idx.len()],
-            }));
+        };
+        for (n, (pid, mut idx)) in by_pid.into_iter().enumerate() {
+            idx.sort_by_key(|&i| samples[i as usize].time_ns);
+            let first = &samples[idx[0] as usize];
+            let start = first.time_ns;
+            let end = samples[idx[idx.len() - 1] as usize].time_ns + period_ns;
+            // The last sample's root frame names the profile (`comm (pid)`).
+            let name = idx.iter().rev().find_map(|&i| root_of(i).0).map_or_else(
+                || format!("{} ({pid})", first.comm),
+                |r| profile.frame(r).name.to_string(),
+            );
+            out.write_all(if n == 0 { b"{" } else { b",{" })?;
+            out.write_all(br#""type":"sampled","name":"#)?;
+            string(out, &name)?;
+            write!(
+                out,
+                r#","unit":"nanoseconds","startValue":0,"endValue":{},"samples":["#,
+                end - start
+            )?;
+            for (k, &i) in idx.iter().enumerate() {
+                out.write_all(if k == 0 { b"[" } else { b",[" })?;
+                for (j, f) in root_of(i).1.iter().enumerate() {
+                    if j > 0 {
+                        out.write_all(b",")?;
+                    }
+                    write!(out, "{}", f.0)?;
+                }
+                out.write_all(b"]")?;
+            }
+            out.write_all(br#"],"weights":["#)?;
+            for k in 0..idx.len() {
+                if k > 0 {
+                    out.write_all(b",")?;
+                }
+                write!(out, "{period_ns}")?;
+            }
+            out.write_all(b"]}")?;
         }
-        let doc = json!({
-            "$schema": "https://www.speedscope.app/file-format-schema.json",
-            "shared": { "frames": frames },
-            "profiles": profiles,
-            "name": "pyebpf",
-            "activeProfileIndex": 0,
-            "exporter": concat!("pyebpf ", env!("CARGO_PKG_VERSION")),
-        });
-        serde_json::to_writer(&mut *out, &doc).map_err(io::Error::other)?;
+        write!(
+            out,
+            r#"],"name":"pyebpf","activeProfileIndex":0,"exporter":"pyebpf {}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        )?;
         writeln!(out)
     }
 }
@@ -81,6 +105,7 @@ impl Renderer for Speedscope {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn schema_fields_present_and_indices_valid() {

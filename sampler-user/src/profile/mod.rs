@@ -363,13 +363,16 @@ pub enum PartsError {
     },
 }
 
-/// Makes a label safe for the folded format: no `;`, no line breaks.
+/// Makes a label safe for the folded format (and so for the flame graph built from it): `;`
+/// becomes `:`, every unsafe character ([`crate::printable::is_unsafe`]: ESC, BEL, CR, LF…)
+/// `?`, so each sample stays on one line and no control character reaches a terminal or an
+/// XML document.
 pub fn sanitize_label(label: &str) -> String {
     label
         .chars()
         .map(|c| match c {
             ';' => ':',
-            '\n' | '\r' => ' ',
+            c if crate::printable::is_unsafe(c) => '?',
             c => c,
         })
         .collect()
@@ -488,6 +491,6 @@ mod tests {
             Frame::new(FrameKind::Kernel, "vfs_read").label(),
             "vfs_read_[k]"
         );
-        assert_eq!(sanitize_label("a;b\nc"), "a:b c");
+        assert_eq!(sanitize_label("a;b\nc\u{1b}[2J\u{7}"), "a:b?c?[2J?");
     }
 }

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use super::PyFrame;
 use super::errors::{ErrorCounts, ErrorKind};
-use super::layout::RuntimeLayout;
-use super::linetable::line_at;
+use super::layout::{InstrKind, RuntimeLayout};
+use super::linetable::line_at_kind;
 use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
 use super::objects::KnownObjects;
@@ -69,6 +69,7 @@ impl From<StrError> for CodeError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fingerprint {
     ob_type: u64,
+    /// `ob_size` (3.11+), or the `co_code` pointer (≤ 3.10; the bytes object is immutable).
     ob_size: u64,
     filename: u64,
     qualname: u64,
@@ -95,6 +96,11 @@ pub struct CodeInfo {
 #[derive(Debug, Clone, Default)]
 pub struct Target {
     pub pid: u32,
+    /// `&_PyRuntime` in the target (the ≤ 3.11 GIL lives in it).
+    pub runtime: u64,
+    /// Offset of `tid` in glibc's `struct pthread` (from `_thread_db_pthread_tid` of the
+    /// target's libc), to find the TID of a ≤ 3.10 thread state from its `pthread_t`.
+    pub pthread_tid: Option<u64>,
     /// `&PyCode_Type` in the target (None: not found; then only plausibility checks apply).
     pub pycode_type: Option<u64>,
     /// Address ranges of the ELF file that holds `_PyRuntime`.
@@ -165,7 +171,7 @@ impl CodeCache {
         }
         let mut head = [0u8; 4096];
         let head = head
-            .get_mut(..c.code_adaptive as usize)
+            .get_mut(..c.header_bytes() as usize)
             .ok_or(CodeError::Bad {
                 addr,
                 what: "layout",
@@ -179,9 +185,9 @@ impl CodeCache {
         };
         let fp = Fingerprint {
             ob_type: word(layout.object.ob_type)?,
-            ob_size: word(c.ob_size)?,
+            ob_size: word(c.co_code.unwrap_or(c.ob_size))?,
             filename: word(c.filename)?,
-            qualname: word(c.qualname)?,
+            qualname: word(c.qualname.unwrap_or(c.name))?,
             linetable: word(c.linetable)?,
             firstlineno: field_u32(head, c.firstlineno).ok_or(CodeError::Bad {
                 addr,
@@ -191,7 +197,7 @@ impl CodeCache {
         if target.pycode_type.is_some_and(|t| t != fp.ob_type) {
             return Err(CodeError::NotCode { addr });
         }
-        if fp.ob_size == 0 || fp.ob_size > MAX_CODE_UNITS {
+        if c.co_code.is_none() && (fp.ob_size == 0 || fp.ob_size > MAX_CODE_UNITS) {
             return Err(CodeError::Bad {
                 addr,
                 what: "ob_size",
@@ -203,12 +209,25 @@ impl CodeCache {
             }
             counts.add(ErrorKind::CodeCacheStale);
         }
+        let code_units = if c.co_code.is_some() {
+            // ≤ 3.10: `co_code` is a `bytes` object of 2-byte code units.
+            let len = mem.read_u64(fp.ob_size.wrapping_add(layout.bytes.ob_size))?;
+            if len == 0 || len % 2 != 0 || len / 2 > MAX_CODE_UNITS {
+                return Err(CodeError::Bad {
+                    addr,
+                    what: "co_code",
+                });
+            }
+            len / 2
+        } else {
+            fp.ob_size
+        };
         let info = Arc::new(CodeInfo {
             qualname: read_str(mem, layout, fp.qualname, MAX_NAME_CHARS)?,
             filename: read_str(mem, layout, fp.filename, MAX_FILE_CHARS)?,
             firstlineno: fp.firstlineno as i32,
             linetable: read_bytes(mem, layout, fp.linetable, MAX_LINETABLE)?,
-            code_units: fp.ob_size,
+            code_units,
             in_image: target.in_image(addr),
             fingerprint: fp,
         });
@@ -237,7 +256,7 @@ fn bytecode_base(
     counts: &mut ErrorCounts,
 ) -> u64 {
     let c = &layout.code;
-    let main = code_addr.wrapping_add(c.code_adaptive);
+    let main = code_addr.wrapping_add(c.code_adaptive.unwrap_or(0));
     let Some(tlbc_off) = c.tlbc else { return main };
     if tlbc_index <= 0 {
         return main;
@@ -274,16 +293,35 @@ pub fn resolve(
 ) -> Result<Resolved, CodeError> {
     let layout = ctx.layout;
     let info = cache.get(ctx, code_addr, counts)?;
-    let base = bytecode_base(ctx.mem, layout, code_addr, tlbc_index, counts);
-    // 3.12 `prev_instr` is the last executed unit (`base - 2` before the first one): the byte
-    // offset is used as is, like `_PyInterpreterFrame_LASTI` * 2 (§3.3).
-    let offset = instr_ptr.wrapping_sub(base) as i64;
-    let lowest = if layout.frame.instr_is_prev { -2 } else { 0 };
+    // The byte offset of the instruction, and the lowest value a frame can hold: 3.11/3.12
+    // `prev_instr` is the last executed unit (`base - 2` before the first one) and ≤ 3.10
+    // `f_lasti` is -1 then; both are used as is, like `PyCode_Addr2Line` does (§3.3).
+    let (offset, lowest) = match layout.frame.instr {
+        InstrKind::Lasti { unit_bytes } => {
+            let unit = i64::from(unit_bytes);
+            (i64::from(instr_ptr as u32 as i32) * unit, -unit)
+        }
+        InstrKind::PrevInstr | InstrKind::InstrPtr => {
+            let base = bytecode_base(ctx.mem, layout, code_addr, tlbc_index, counts);
+            let lowest = if layout.frame.instr == InstrKind::PrevInstr {
+                -2
+            } else {
+                0
+            };
+            (instr_ptr.wrapping_sub(base) as i64, lowest)
+        }
+    };
     let line = if offset < lowest || offset >= 2 * info.code_units as i64 {
         counts.add(ErrorKind::TornInstrPtr);
         -1
     } else {
-        line_at(&info.linetable, info.firstlineno, offset).unwrap_or_else(|_| {
+        line_at_kind(
+            layout.code.linetable_kind,
+            &info.linetable,
+            info.firstlineno,
+            offset,
+        )
+        .unwrap_or_else(|_| {
             counts.add(ErrorKind::BadLineTable);
             -1
         })
@@ -317,7 +355,7 @@ mod tests {
         let (layout, target) = (b.layout().clone(), b.target());
         let mut mem = b.memory();
         let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
-        let base = code + layout.code.code_adaptive;
+        let base = code + layout.code.code_adaptive.unwrap();
         let ctx = Ctx {
             mem: &mem,
             layout: &layout,
@@ -326,7 +364,7 @@ mod tests {
         let r = resolve(ctx, &mut cache, &mut counts, code, base + 10, 0).unwrap();
         assert_eq!((r.frame.function.as_str(), r.frame.line), ("f", 11));
         // Same address, new qualname pointer: the hit must be noticed and re-read.
-        mem.bytes_mut(code + layout.code.qualname, 8)
+        mem.bytes_mut(code + layout.code.qualname.unwrap(), 8)
             .unwrap()
             .copy_from_slice(&other.to_le_bytes());
         let ctx = Ctx {

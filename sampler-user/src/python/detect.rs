@@ -1,8 +1,10 @@
 //! Finding the interpreter in a process, by content (never by file name).
 //!
 //! Owns: what makes a mapped ELF file a CPython runtime ([`PythonElf`]: a `.PyRuntime` section
-//! or a defined `_PyRuntime`, with `Py_Version`, `PyCode_Type` and the [`KnownObjects`]:
-//! built-in types and singletons such as `_Py_NoneStruct`), the
+//! or a defined `_PyRuntime`, with `Py_Version`, `PyCode_Type`, `PyFrame_Type`, `.bss` (the
+//! version string of ≤ 3.10) and the [`KnownObjects`]: built-in types and singletons such as
+//! `_Py_NoneStruct`; or, before 3.7, an exported `Py_GetVersion`), glibc's
+//! `_thread_db_pthread_tid` descriptor in whichever file has it, the
 //! per-file cache of that verdict, and placing it in a process ([`Detected`]: load bias and
 //! absolute addresses).
 //! Input: a pid. Output: the [`Detected`] candidates, in maps order.
@@ -24,6 +26,8 @@ use super::objects::{KNOWN_SYMBOLS, Known, KnownObjects};
 
 /// Largest symbol or string table read from a file.
 const MAX_TABLE: u64 = 64 << 20;
+/// `SHT_NOBITS` (`.bss`).
+const SHT_NOBITS: u32 = 8;
 /// Files whose verdict is remembered.
 const MAX_CACHED_FILES: usize = 8192;
 
@@ -40,6 +44,15 @@ pub struct PythonElf {
     pub none: Option<u64>,
     /// The static types and singletons the reader recognises by address.
     pub known: KnownObjects,
+    /// `PyFrame_Type` (its `tp_basicsize` is checked against built-in tables).
+    pub pyframe_type: Option<u64>,
+    /// `.bss` (address, size): holds `Py_GetVersion()`'s buffer, the version of builds
+    /// without `Py_Version` (≤ 3.10).
+    pub bss: Option<(u64, u64)>,
+    /// The file exports `Py_GetVersion` but no `_PyRuntime`: a CPython older than 3.7.
+    pub pre_runtime: bool,
+    /// glibc's `_thread_db_pthread_tid` (any file, Python or not).
+    pub pthread_tid_desc: Option<u64>,
     /// The file's headers (load segments for the bias, build-id for its identity).
     pub elf: ElfInfo,
 }
@@ -61,6 +74,13 @@ pub struct Detected {
     pub none_addr: Option<u64>,
     /// [`PythonElf::known`] in the process.
     pub known: KnownObjects,
+    pub pyframe_type_addr: Option<u64>,
+    /// `.bss` of the file in the target (address, size).
+    pub bss: Option<(u64, u64)>,
+    /// A CPython older than 3.7 (no `_PyRuntime`; `runtime_addr` is 0).
+    pub pre_runtime: bool,
+    /// Where glibc's `_thread_db_pthread_tid` descriptor is in the target (any mapped file).
+    pub pthread_tid_desc: Option<u64>,
     /// Address ranges of the file's mappings.
     pub image: Vec<(u64, u64)>,
 }
@@ -84,12 +104,22 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
         }
     }
     let mut found = Vec::new();
+    let mut pthread_tid_desc = None;
     for key in files {
         let mine: Vec<&Mapping> = maps.iter().filter(|m| (m.dev, m.inode) == key).collect();
         let Some(info) = python_elf_cached(pid, &mine) else {
             continue;
         };
-        found.push(place(&info, &mine));
+        let placed = place(&info, &mine);
+        if let Some(d) = info.pthread_tid_desc {
+            pthread_tid_desc.get_or_insert(d.wrapping_add(placed.bias));
+        }
+        if info.runtime != 0 || info.pre_runtime {
+            found.push(placed);
+        }
+    }
+    for d in &mut found {
+        d.pthread_tid_desc = pthread_tid_desc;
     }
     Ok(found)
 }
@@ -116,15 +146,31 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
         .map(|s| (s.addr, s.size));
     let mut wanted: Vec<&[u8]> = vec![b"_PyRuntime", b"Py_Version", b"PyCode_Type"];
     wanted.extend(KNOWN_SYMBOLS.iter().map(|(name, _)| name.as_bytes()));
+    // After the known objects: `PyFrame_Type`, `Py_GetVersion`, `_thread_db_pthread_tid`,
+    // `pthread_create`.
+    let extra = wanted.len();
+    wanted.extend([
+        &b"PyFrame_Type"[..],
+        b"Py_GetVersion",
+        b"_thread_db_pthread_tid",
+        b"pthread_create",
+    ]);
     let mut syms: Vec<Option<(u64, u64)>> = vec![None; wanted.len()];
     for kind in [SymbolTableKind::Dynamic, SymbolTableKind::Static] {
-        // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`).
+        // `.symtab` only when `.dynsym` did not settle it (stripped builds keep `.dynsym`;
+        // `Py_GetVersion` is always exported).
         let found = runtime.is_some() || syms[0].is_some();
-        let settled = found && syms.iter().all(Option::is_some);
-        // Not Python: every supported CPython (3.12+) has a `.PyRuntime` section or exports
-        // `_PyRuntime`, so a file with neither is rejected without reading its `.symtab` (which
-        // is large in big non-Python binaries).
-        if kind == SymbolTableKind::Static && (settled || !found || !elf.has_symtab()) {
+        let settled = found && syms[..=extra].iter().all(Option::is_some);
+        // glibc before 2.34 keeps the descriptor as a local symbol of libpthread's `.symtab`
+        // (Debian leaves it there for debuggers): read it in the file that defines
+        // `pthread_create`.
+        let want_tid = syms[extra + 2].is_none() && syms[extra + 3].is_some();
+        // Not Python: every CPython since 3.7 has a `.PyRuntime` section or exports
+        // `_PyRuntime` (older ones export `Py_GetVersion`, in `.dynsym`), so a file with
+        // neither is rejected without reading its `.symtab` (large in big non-Python binaries).
+        if kind == SymbolTableKind::Static
+            && ((settled || !found) && !want_tid || !elf.has_symtab())
+        {
             break;
         }
         let table = read_symbols(file, &elf, kind, MAX_TABLE).ok()?;
@@ -140,7 +186,20 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
     if runtime.is_none() {
         runtime = syms[0];
     }
-    let (runtime, runtime_size) = runtime?;
+    // glibc's descriptor of `struct pthread`'s `tid` (libc.so.6 from 2.34, libpthread.so.0
+    // before): files that carry it are kept for it, Python or not.
+    let pthread_tid_desc = syms[extra + 2].map(|s| s.0);
+    // A CPython older than 3.7 has no `_PyRuntime` but exports `Py_GetVersion`.
+    let pre_runtime = runtime.is_none() && syms[extra + 1].is_some() && syms[2].is_some();
+    let (runtime, runtime_size) = match runtime {
+        Some(r) => r,
+        None if pre_runtime || pthread_tid_desc.is_some() => (0, 0),
+        None => return None,
+    };
+    let bss = elf
+        .section(b".bss")
+        .filter(|s| s.sh_type == SHT_NOBITS && s.size > 0)
+        .map(|s| (s.addr, s.size));
     let mut known = KnownObjects::default();
     for ((_, k), sym) in KNOWN_SYMBOLS.iter().zip(&syms[3..]) {
         if let Some((addr, _)) = sym {
@@ -154,6 +213,10 @@ pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
         pycode_type: syms[2].map(|s| s.0),
         none: known.get(Known::None),
         known,
+        pyframe_type: syms[extra].map(|s| s.0),
+        bss,
+        pre_runtime,
+        pthread_tid_desc,
         elf,
     })
 }
@@ -192,6 +255,10 @@ fn place(info: &PythonElf, mappings: &[&Mapping]) -> Detected {
         pycode_type_addr: info.pycode_type.map(|a| a.wrapping_add(bias)),
         none_addr: info.none.map(|a| a.wrapping_add(bias)),
         known: info.known.biased(bias),
+        pyframe_type_addr: info.pyframe_type.map(|a| a.wrapping_add(bias)),
+        bss: info.bss.map(|(a, n)| (a.wrapping_add(bias), n)),
+        pre_runtime: info.pre_runtime,
+        pthread_tid_desc: None,
         image: mappings.iter().map(|m| (m.start, m.end)).collect(),
     }
 }
@@ -218,6 +285,10 @@ mod tests {
             pycode_type: None,
             none: None,
             known: KnownObjects::default(),
+            pyframe_type: None,
+            bss: None,
+            pre_runtime: false,
+            pthread_tid_desc: None,
             elf: ElfInfo {
                 loads: vec![load(0, 0, 0x1000), load(0x64_2000, 0x64_3000, 0x1_0000)],
                 ..ElfInfo::default()

@@ -14,6 +14,8 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::printable::printable;
+
 use super::locals::Local;
 use super::values::ValueLimits;
 use super::walker::Limits;
@@ -37,6 +39,9 @@ pub enum DumpError {
     Write(#[from] std::io::Error),
     #[error("cannot encode the dump as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// `--locals` on a CPython without `co_localsplusnames` (before 3.11).
+    #[error("dump --locals needs CPython 3.11 or newer (pid {pid} runs {version})")]
+    LocalsUnsupported { pid: u32, version: String },
 }
 
 #[derive(Serialize)]
@@ -123,6 +128,12 @@ fn cmdline(pid: u32) -> String {
 /// Attaches to `opts.pid`, takes one snapshot and writes it to `out`.
 pub fn run(opts: &DumpOptions, out: &mut dyn Write) -> Result<(), DumpError> {
     let mut proc = PythonProcess::attach(opts.pid)?;
+    if opts.locals.is_some() && proc.layout().code.localsplusnames.is_none() {
+        return Err(DumpError::LocalsUnsupported {
+            pid: opts.pid,
+            version: proc.version().to_string(),
+        });
+    }
     proc.set_limits(Limits {
         locals: opts.locals,
         ..proc.limits()
@@ -211,7 +222,7 @@ fn write_text(
         out,
         "Process {}: {} (Python {v}{ft})",
         proc.pid(),
-        cmdline(proc.pid())
+        printable(&cmdline(proc.pid()))
     )?;
     for t in threads {
         let tid = t.host_tid.map_or_else(
@@ -222,14 +233,16 @@ fn write_text(
         writeln!(
             out,
             "Thread {tid} ({}) [{}]",
-            t.name.as_deref().unwrap_or("?"),
+            printable(t.name.as_deref().unwrap_or("?")),
             gil_text(t)
         )?;
+        // Names come from the target: printable, never terminal commands or forged lines.
         for (i, f) in t.frames.iter().enumerate() {
+            let (function, file) = (printable(&f.function), printable(&f.file));
             if f.line >= 0 {
-                writeln!(out, "    {} ({}:{})", f.function, f.file, f.line)?;
+                writeln!(out, "    {function} ({file}:{})", f.line)?;
             } else {
-                writeln!(out, "    {} ({})", f.function, f.file)?;
+                writeln!(out, "    {function} ({file})")?;
             }
             if let Some(locals) = t.locals.get(i) {
                 write_locals(locals, out)?;
@@ -260,12 +273,7 @@ fn write_locals(locals: &[Local], out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(out, "        {title}:")?;
         for l in group {
             // Values are `repr()`s (no control characters); names come from the target.
-            let name: String = l
-                .name
-                .chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect();
-            writeln!(out, "            {name} = {}", l.value)?;
+            writeln!(out, "            {} = {}", printable(&l.name), l.value)?;
         }
     }
     Ok(())

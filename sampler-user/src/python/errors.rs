@@ -16,6 +16,10 @@ pub enum PyError {
     NotPython { pid: u32 },
     #[error("unsupported CPython {version}")]
     Unsupported { version: String },
+    /// A built-in table (3.8–3.12) does not fit the running binary (a patch release that moved
+    /// something): refused rather than read wrong.
+    #[error("CPython {version}: layout not recognised ({detail})")]
+    NotRecognised { version: String, detail: String },
     #[error("permission denied reading pid {pid} (run as root)")]
     PermissionDenied { pid: u32 },
     #[error("process {pid} is gone")]

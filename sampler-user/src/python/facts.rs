@@ -13,14 +13,20 @@
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
 
 use super::PyError;
-use super::tables::{BUILTIN_312, FIELDS_313, FIELDS_314, FIELDS_315};
+use super::tables::{
+    BUILTIN_38, BUILTIN_39, BUILTIN_310, BUILTIN_311, BUILTIN_312, FIELDS_313, FIELDS_314,
+    FIELDS_315,
+};
 
 /// The facts `_Py_DebugOffsets` does not carry, per (minor, free-threaded).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct VersionFacts {
     pub source: FieldSource,
     pub cframe_current_frame: Option<u64>,
-    pub instr_is_prev: bool,
+    pub instr: InstrKind,
+    pub entry: EntryRule,
+    pub linetable: LineTableKind,
+    pub dict_keys: DictKeys,
     pub stackref_tag_mask: u64,
     pub holds_gil: HoldsGilFact,
     pub state: Option<u64>,
@@ -56,20 +62,74 @@ pub enum LongForm {
     SignedSize,
 }
 
-/// Where an instance's attribute dictionary is (for `Thread._name`, §7).
+/// Where an instance's attribute dictionary is (for `Thread._name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ManagedDict {
+    /// ≤ 3.10: a dict pointer at `obj + type->tp_dictoffset` (a positive offset for the
+    /// classes `threading` defines).
+    TypeDictOffset,
+    /// 3.11: `PyDictValues *` at `obj + values` (split keys from `ht_cached_keys`) if not
+    /// NULL, else a dict pointer at `obj + dict` (`_PyObject_ValuesPointer`,
+    /// `_PyObject_ManagedDictPointer`).
+    ValuesThenDict { values: i64, dict: i64 },
     /// 3.12 `_PyDictOrValues` at `obj + offset`: a dict pointer, or (bit 0 set) `values - 1`.
     Tagged { offset: i64 },
     /// 3.13+: a dict pointer (or NULL: inline values) at `obj + offset` (`MANAGED_DICT_OFFSET`).
     Pointer { offset: i64 },
 }
 
+/// The header of `PyDictKeysObject`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DictKeys {
+    /// ≤ 3.10: `dk_size` @8, `dk_nentries` @32, indices @40 (1/2/4/8 bytes each by
+    /// `dk_size`), entries always `{hash, key, value}`.
+    Sized,
+    /// 3.11+: `dk_log2_index_bytes` @9, `dk_kind` @10, `dk_nentries` @24, indices @32;
+    /// unicode-keyed kinds have `{key, value}` entries.
+    Log2,
+}
+
+/// How a frame records where it is in its bytecode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstrKind {
+    /// ≤ 3.10 `int f_lasti` (the low half of the word at `instr_ptr`): the last instruction
+    /// started, in bytes (3.8, 3.9: `unit_bytes` 1) or in code units (3.10: 2); -1 before the
+    /// first one.
+    Lasti { unit_bytes: u8 },
+    /// 3.11, 3.12 `prev_instr`: the last executed code unit (may be `code - 2`).
+    PrevInstr,
+    /// 3.13+ `instr_ptr`: the instruction executing or about to begin.
+    InstrPtr,
+}
+
+/// Which frames end one activation of the eval loop (for the `--native` merge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryRule {
+    /// ≤ 3.10: every `PyFrameObject` is evaluated by a call of its own.
+    EveryFrame,
+    /// 3.11: the outermost frame of an activation has `is_entry` set.
+    EntryFlag,
+    /// 3.12+: an activation's frames sit above an entry frame with `owner >= n` (which is no
+    /// Python code).
+    OwnerAtLeast(u8),
+}
+
+/// The format of `co_linetable` / `co_lnotab`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTableKind {
+    /// 3.8, 3.9 `co_lnotab`: (byte increment, signed line increment) pairs.
+    Lnotab,
+    /// 3.10 PEP 626 `co_linetable`: (byte delta, signed line delta, -128: no line) pairs.
+    Pep626,
+    /// 3.11+ location table (`Objects/locations.md`).
+    Locations,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FieldSource {
     /// Field names of `_Py_DebugOffsets` after the header, in struct order.
     DebugOffsets(&'static [&'static str]),
-    /// A built-in table (3.12 has no debug offsets).
+    /// A built-in table (3.8–3.12 have no debug offsets).
     BuiltIn(&'static [(&'static str, u64)]),
 }
 
@@ -92,6 +152,10 @@ const UNICODE_315: &str = "17.0.0";
 /// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
 /// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
 /// §7 (`MANAGED_DICT_OFFSET`, `PyDictValues`).
+#[allow(
+    clippy::too_many_lines,
+    reason = "the one version match: a flat list of facts per minor version"
+)]
 pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFacts, PyError> {
     let unsupported = || PyError::Unsupported {
         version: format!("{major}.{minor}{}", if ft { "t" } else { "" }),
@@ -105,7 +169,10 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
     let base = VersionFacts {
         source: FieldSource::DebugOffsets(FIELDS_313),
         cframe_current_frame: None,
-        instr_is_prev: false,
+        instr: InstrKind::InstrPtr,
+        entry: EntryRule::OwnerAtLeast(3),
+        linetable: LineTableKind::Locations,
+        dict_keys: DictKeys::Log2,
         stackref_tag_mask: 0,
         holds_gil: HoldsGilFact::None,
         state: None,
@@ -121,11 +188,65 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         },
         unicode_version: "15.1.0",
     };
+    // ≤ 3.10: `PyFrameObject` chains, `f_lasti`, sized dict keys, `tp_dictoffset` dicts.
+    let frame_objects = VersionFacts {
+        cframe_current_frame: None,
+        instr: InstrKind::Lasti { unit_bytes: 1 },
+        entry: EntryRule::EveryFrame,
+        linetable: LineTableKind::Lnotab,
+        dict_keys: DictKeys::Sized,
+        long_form: LongForm::SignedSize,
+        managed_dict: ManagedDict::TypeDictOffset,
+        values_array: 0,
+        inline_values: false,
+        // `int co_argcount` @16, `co_kwonlyargcount` @24, `co_flags` @36.
+        code_counts: CodeCounts {
+            kwonlyargcount: 8,
+            flags: 20,
+        },
+        unicode_version: "13.0.0",
+        ..base
+    };
     Ok(match (minor, ft) {
+        (8, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_38),
+            unicode_version: "12.1.0",
+            ..frame_objects
+        },
+        (9, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_39),
+            ..frame_objects
+        },
+        (10, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_310),
+            instr: InstrKind::Lasti { unit_bytes: 2 },
+            linetable: LineTableKind::Pep626,
+            ..frame_objects
+        },
+        (11, false) => VersionFacts {
+            source: FieldSource::BuiltIn(BUILTIN_311),
+            cframe_current_frame: Some(8),
+            instr: InstrKind::PrevInstr,
+            entry: EntryRule::EntryFlag,
+            long_form: LongForm::SignedSize,
+            managed_dict: ManagedDict::ValuesThenDict {
+                values: -32,
+                dict: -24,
+            },
+            values_array: 0,
+            inline_values: false,
+            // `int co_flags` @48, `co_argcount` @56, `co_kwonlyargcount` @64.
+            code_counts: CodeCounts {
+                kwonlyargcount: 8,
+                flags: -8,
+            },
+            unicode_version: "14.0.0",
+            ..base
+        },
         (12, false) => VersionFacts {
             source: FieldSource::BuiltIn(BUILTIN_312),
             cframe_current_frame: Some(0),
-            instr_is_prev: true,
+            instr: InstrKind::PrevInstr,
             managed_dict: ManagedDict::Tagged { offset: -24 },
             values_array: 0,
             inline_values: false,

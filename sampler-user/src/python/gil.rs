@@ -1,6 +1,7 @@
 //! GIL state of an interpreter and of its threads.
 //!
-//! Owns: [`InterpGil`] (read from the `_gil_runtime_state` the interpreter uses) and the
+//! Owns: [`InterpGil`] (read from the `_gil_runtime_state` the interpreter uses: the
+//! process-wide `_PyRuntime.ceval.gil` up to 3.11, the interpreter's own from 3.12) and the
 //! per-thread verdict [`thread_gil`].
 //! Input: a [`Ctx`] and an interpreter address. Output: who holds the GIL, or that the
 //! free-threaded runtime runs without one.
@@ -13,6 +14,7 @@
 
 use super::GilState;
 use super::code::Ctx;
+use super::layout::GilAt;
 use super::memory::{MemError, field_u32, field_u64};
 
 /// The GIL of one interpreter at one instant.
@@ -26,22 +28,31 @@ pub enum InterpGil {
     Free,
 }
 
+/// The address of the `_gil_runtime_state` the interpreter at `interp` uses.
+pub fn gil_struct(ctx: Ctx<'_>, interp: u64) -> Result<u64, MemError> {
+    Ok(match ctx.layout.gil.at {
+        GilAt::Runtime { offset } => ctx.target.runtime.wrapping_add(offset),
+        GilAt::Interpreter {
+            ceval_gil,
+            embedded,
+        } => match ctx.mem.read_u64(interp.wrapping_add(ceval_gil))? {
+            0 => interp.wrapping_add(embedded),
+            p => p,
+        },
+    })
+}
+
 /// Reads the GIL used by the interpreter at `interp`.
 pub fn read_interp_gil(ctx: Ctx<'_>, interp: u64) -> Result<InterpGil, MemError> {
-    let i = &ctx.layout.interp;
-    let embedded = interp.wrapping_add(i.gil_runtime_state);
-    let gil = match ctx.mem.read_u64(interp.wrapping_add(i.ceval_gil))? {
-        0 => embedded,
-        p => p,
-    };
-    if let Some(enabled) = i.gil_enabled
+    let g = &ctx.layout.gil;
+    let gil = gil_struct(ctx, interp)?;
+    if let Some(enabled) = g.enabled
         && ctx.mem.read_i32(gil.wrapping_add(enabled))? == 0
     {
         return Ok(InterpGil::Disabled);
     }
     let bad = MemError::Fault { addr: gil, len: 0 };
-    let locked = i.gil_locked.checked_sub(i.gil_runtime_state).ok_or(bad)?;
-    let holder = i.gil_holder.checked_sub(i.gil_runtime_state).ok_or(bad)?;
+    let (locked, holder) = (g.locked, g.last_holder);
     let lo = locked.min(holder);
     let hi = (locked + 4).max(holder + 8);
     if hi - lo > 256 {

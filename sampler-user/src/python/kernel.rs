@@ -7,16 +7,19 @@
 //! kernel compares host thread ids directly).
 //! Input: an attached process. Output: a [`PyProcInfo`] for the `PY_PROCS` map, or a
 //! [`PyError`] when an offset does not fit the wire type or the process is gone.
-//! Constraints: no version knowledge here — every value comes from the layout (cpython-layouts
-//! §3.1 for the chain, §6 for the GIL: the kernel reads the GIL struct an interpreter uses
-//! through `ceval.gil`, so `gil_locked`/`gil_holder`, interpreter-relative in the debug offsets,
-//! are made relative to the struct by subtracting `_gil`'s offset; `enabled` already is).
+//! Constraints: no version knowledge here — every value comes from the layout (the chain and
+//! the GIL of `docs/cpython-layouts.md`; the GIL fields are relative to the GIL struct, which
+//! is `_PyRuntime.ceval.gil` up to 3.11 and the one `interp->ceval.gil` points at from 3.12).
+//! Before 3.11 a thread state has no `native_thread_id`: the kernel matches its `pthread_t`
+//! against the sampled task's `thread.fsbase`, whose offset comes from the kernel's BTF.
 
 use std::os::unix::fs::MetadataExt as _;
 
 use sampler_common::{PY_NO_OFFSET, PyProcInfo};
 
+use super::layout::GilAt;
 use super::{PyError, PythonProcess, RuntimeLayout};
+use crate::collect::btf::task_fsbase_offset;
 
 /// Converts one offset to the wire width; `what` names it in the error.
 fn off(what: &'static str, v: u64) -> Result<u32, PyError> {
@@ -34,24 +37,19 @@ fn opt(what: &'static str, v: Option<u64>) -> Result<u32, PyError> {
     v.map_or(Ok(PY_NO_OFFSET), |v| off(what, v))
 }
 
-/// The offsets of `layout` as the kernel walk wants them (namespace fields zero).
+/// The offsets of `layout` as the kernel walk wants them (namespace fields zero,
+/// `task_fsbase` unknown).
 pub fn offsets_from_layout(
     layout: &RuntimeLayout,
     runtime_addr: u64,
 ) -> Result<PyProcInfo, PyError> {
-    let (i, t, f) = (&layout.interp, &layout.tstate, &layout.frame);
-    // A GIL field's offset inside `_gil_runtime_state` (the debug offsets give it from the
-    // interpreter, the embedded struct at `gil_runtime_state`).
-    let in_gil = |what: &'static str, v: u64| {
-        v.checked_sub(i.gil_runtime_state)
-            .ok_or_else(|| PyError::Invalid {
-                what,
-                addr: 0,
-                detail: format!(
-                    "offset {v} is before the GIL struct at {}",
-                    i.gil_runtime_state
-                ),
-            })
+    let (t, f, g) = (&layout.tstate, &layout.frame, &layout.gil);
+    let (runtime_gil, ceval_gil, embedded) = match g.at {
+        GilAt::Runtime { offset } => (Some(offset), None, None),
+        GilAt::Interpreter {
+            ceval_gil,
+            embedded,
+        } => (None, Some(ceval_gil), Some(embedded)),
     };
     Ok(PyProcInfo {
         runtime_addr,
@@ -61,29 +59,29 @@ pub fn offsets_from_layout(
             "runtime_state.interpreters_head",
             layout.runtime.interpreters_head,
         )?,
-        interp_next: off("interpreter_state.next", i.next)?,
-        threads_head: off("interpreter_state.threads_head", i.threads_head)?,
-        interp_ceval_gil: off("interpreter_state.ceval_gil", i.ceval_gil)?,
-        interp_gil_struct: off("interpreter_state.gil_runtime_state", i.gil_runtime_state)?,
+        interp_next: off("interpreter_state.next", layout.interp.next)?,
+        threads_head: off("interpreter_state.threads_head", layout.interp.threads_head)?,
+        interp_ceval_gil: opt("interpreter_state.ceval_gil", ceval_gil)?,
+        interp_gil_struct: opt("interpreter_state.gil_runtime_state", embedded)?,
+        runtime_gil: opt("runtime_state.gil", runtime_gil)?,
         tstate_next: off("thread_state.next", t.next)?,
         tstate_interp: off("thread_state.interp", t.interp)?,
-        tstate_native_thread_id: off("thread_state.native_thread_id", t.native_thread_id)?,
+        tstate_native_thread_id: opt("thread_state.native_thread_id", t.native_thread_id)?,
+        tstate_pthread_id: off("thread_state.thread_id", t.thread_id)?,
+        task_fsbase: PY_NO_OFFSET,
         tstate_current_frame: off("thread_state.current_frame", t.current_frame)?,
         cframe_current_frame: opt("cframe.current_frame", t.cframe_current_frame)?,
         frame_previous: off("interpreter_frame.previous", f.previous)?,
         frame_executable: off("interpreter_frame.executable", f.executable)?,
         frame_instr_ptr: off("interpreter_frame.instr_ptr", f.instr_ptr)?,
-        frame_owner: off("interpreter_frame.owner", f.owner)?,
+        frame_owner: opt("interpreter_frame.owner", f.owner)?,
+        frame_is_entry: opt("interpreter_frame.is_entry", f.is_entry)?,
+        frame_read_bytes: off("interpreter_frame (bytes read)", f.header_bytes())?,
         frame_tlbc_index: opt("interpreter_frame.tlbc_index", f.tlbc_index)?,
-        gil_locked: off(
-            "interpreter_state.gil_runtime_state_locked",
-            in_gil("interpreter_state.gil_runtime_state_locked", i.gil_locked)?,
-        )?,
-        gil_holder: off(
-            "interpreter_state.gil_runtime_state_holder",
-            in_gil("interpreter_state.gil_runtime_state_holder", i.gil_holder)?,
-        )?,
-        gil_enabled: opt("interpreter_state.gil_runtime_state_enabled", i.gil_enabled)?,
+        gil_locked: off("gil.locked", g.locked)?,
+        gil_holder: off("gil.last_holder", g.last_holder)?,
+        gil_enabled: opt("gil.enabled", g.enabled)?,
+        _pad: 0,
     })
 }
 
@@ -107,6 +105,9 @@ pub fn pid_namespace(pid: u32) -> Result<(u64, u64), PyError> {
 pub fn kernel_info(p: &PythonProcess) -> Result<PyProcInfo, PyError> {
     let mut wire = offsets_from_layout(p.layout(), p.detected().runtime_addr)?;
     (wire.pidns_dev, wire.pidns_ino) = pid_namespace(p.pid())?;
+    if wire.tstate_native_thread_id == PY_NO_OFFSET {
+        wire.task_fsbase = task_fsbase_offset().unwrap_or(PY_NO_OFFSET);
+    }
     Ok(wire)
 }
 
@@ -121,7 +122,7 @@ mod tests {
     /// Prints the main thread's native id once the interpreter runs user code, then sleeps.
     const SCRIPT: &str = "import sys, threading, time\n\
         t = threading.Thread(target=time.sleep, args=(600,), daemon=True); t.start()\n\
-        print(threading.get_native_id(), flush=True)\n\
+        print(threading.get_native_id(), threading.get_ident(), flush=True)\n\
         time.sleep(600)\n";
 
     struct Killed(Child);
@@ -159,14 +160,26 @@ mod tests {
                 continue;
             }
             assert_eq!(field(mem, ts, info.tstate_interp), interp, "tstate->interp");
-            ids.push(field(mem, ts, info.tstate_native_thread_id));
+            ids.push(field(mem, ts, key_offset(info)));
             ts = field(mem, ts, info.tstate_next);
         }
         ids
     }
 
+    /// The thread state field the kernel matches: `native_thread_id`, else `thread_id`.
+    fn key_offset(info: &PyProcInfo) -> u32 {
+        if info.tstate_native_thread_id == PY_NO_OFFSET {
+            info.tstate_pthread_id
+        } else {
+            info.tstate_native_thread_id
+        }
+    }
+
     /// The GIL struct `interp` uses, as the kernel finds it.
     fn gil_struct(mem: &ProcessMemory, info: &PyProcInfo, interp: u64) -> u64 {
+        if info.runtime_gil != PY_NO_OFFSET {
+            return info.runtime_addr + u64::from(info.runtime_gil);
+        }
         match field(mem, interp, info.interp_ceval_gil) {
             0 => interp + u64::from(info.interp_gil_struct),
             gil => gil,
@@ -196,14 +209,15 @@ os.write(1, b"main %d\n" % threading.get_native_id())
 time.sleep(600)
 "#;
 
-    /// Starts `python` running [`SCRIPT`]; returns it and its main thread's native id.
-    fn start(name: &str, python: &str) -> Option<(Killed, u64)> {
+    /// Starts `python` running [`SCRIPT`]; returns it and its main thread's native id and
+    /// `pthread_t`.
+    fn start(name: &str, python: &str) -> Option<(Killed, u64, u64)> {
         let (child, lines) = start_script(name, python, SCRIPT, 1)?;
-        let tid = lines[0]
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {lines:?}"));
-        Some((child, tid))
+        let ids: Vec<u64> = lines[0]
+            .split_whitespace()
+            .map(|w| w.parse().unwrap_or_else(|_| panic!("{name}: {lines:?}")))
+            .collect();
+        Some((child, ids[0], ids[1]))
     }
 
     /// Starts `python -c script` and reads `lines` lines of its output.
@@ -234,92 +248,49 @@ time.sleep(600)
         Some((child, out))
     }
 
-    /// Every wire offset equals the layout's (absent ones are `PY_NO_OFFSET`).
-    fn check_offsets(name: &str, info: &PyProcInfo, l: &RuntimeLayout) {
-        let no = |v: Option<u64>| v.map_or(PY_NO_OFFSET, |v| v as u32);
-        let pairs = [
-            (
-                "interpreters_head",
-                info.interpreters_head,
-                l.runtime.interpreters_head as u32,
-            ),
-            ("interp_next", info.interp_next, l.interp.next as u32),
-            (
-                "threads_head",
-                info.threads_head,
-                l.interp.threads_head as u32,
-            ),
-            (
-                "ceval_gil",
-                info.interp_ceval_gil,
-                l.interp.ceval_gil as u32,
-            ),
-            (
-                "gil_struct",
-                info.interp_gil_struct,
-                l.interp.gil_runtime_state as u32,
-            ),
-            ("tstate_next", info.tstate_next, l.tstate.next as u32),
-            ("tstate_interp", info.tstate_interp, l.tstate.interp as u32),
-            (
-                "native_thread_id",
-                info.tstate_native_thread_id,
-                l.tstate.native_thread_id as u32,
-            ),
-            (
-                "current_frame",
-                info.tstate_current_frame,
-                l.tstate.current_frame as u32,
-            ),
-            (
-                "cframe",
-                info.cframe_current_frame,
-                no(l.tstate.cframe_current_frame),
-            ),
-            ("previous", info.frame_previous, l.frame.previous as u32),
-            (
-                "executable",
-                info.frame_executable,
-                l.frame.executable as u32,
-            ),
-            ("instr_ptr", info.frame_instr_ptr, l.frame.instr_ptr as u32),
-            ("owner", info.frame_owner, l.frame.owner as u32),
-            ("tlbc_index", info.frame_tlbc_index, no(l.frame.tlbc_index)),
-            (
-                "gil_locked",
-                info.gil_locked,
-                (l.interp.gil_locked - l.interp.gil_runtime_state) as u32,
-            ),
-            (
-                "gil_holder",
-                info.gil_holder,
-                (l.interp.gil_holder - l.interp.gil_runtime_state) as u32,
-            ),
-            ("gil_enabled", info.gil_enabled, no(l.interp.gil_enabled)),
-        ];
-        for (field, wire, layout) in pairs {
-            assert_eq!(wire, layout, "{name}: {field}");
-        }
-        let ft = name.ends_with('t');
+    /// What the wire entry must say for each version family, independently of the layout.
+    fn check_offsets(name: &str, info: &PyProcInfo) {
+        let minor: u32 = name[2..].trim_end_matches('t').parse().unwrap();
+        let has = |v: u32| v != PY_NO_OFFSET;
         assert_eq!(
-            info.gil_enabled != PY_NO_OFFSET,
-            ft,
-            "{name}: `enabled` only when FT"
+            has(info.gil_enabled),
+            name.ends_with('t'),
+            "{name}: enabled"
         );
+        assert_eq!(has(info.runtime_gil), minor <= 11, "{name}: process GIL");
+        assert_eq!(has(info.interp_ceval_gil), minor >= 12, "{name}: ceval.gil");
         assert_eq!(
-            info.cframe_current_frame != PY_NO_OFFSET,
-            name == "3.12",
+            has(info.tstate_native_thread_id),
+            minor >= 11,
+            "{name}: native_thread_id"
+        );
+        assert_eq!(has(info.task_fsbase), minor <= 10, "{name}: fsbase");
+        assert_eq!(
+            has(info.cframe_current_frame),
+            minor == 11 || minor == 12,
             "{name}: cframe"
         );
+        assert_eq!(has(info.frame_owner), minor >= 11, "{name}: owner");
+        assert_eq!(has(info.frame_is_entry), minor == 11, "{name}: is_entry");
         assert_eq!(
             info.frame_tlbc_index, PY_NO_OFFSET,
             "{name}: no TLBC before 3.14t"
         );
+        assert!(info.frame_offsets_fit(), "{name}: {info:?}");
+    }
+
+    fn info_has_native(name: &str) -> bool {
+        !matches!(name, "3.8" | "3.9" | "3.10")
     }
 
     #[test]
     fn live_offsets_walk_to_the_main_thread() {
         let pythons = [
+            ("3.8", "/root/.pyenv/versions/3.8.18/bin/python3.8"),
+            ("3.9", "/root/.pyenv/versions/3.9.18/bin/python3.9"),
+            ("3.10", "/root/.pyenv/versions/3.10.13/bin/python3.10"),
+            ("3.11", "/root/.pyenv/versions/3.11.7/bin/python3.11"),
+            ("3.11", "/usr/bin/python3.11"),
             ("3.12", "/root/.pyenv/versions/3.12.1/bin/python3.12"),
             ("3.13", "/root/.pyenv/versions/3.13.0/bin/python3.13"),
             (
@@ -328,8 +299,13 @@ time.sleep(600)
             ),
         ];
         for (name, python) in pythons {
-            let Some((child, main_tid)) = start(name, python) else {
+            let Some((child, main_tid, main_ident)) = start(name, python) else {
                 continue;
+            };
+            let main_key = if info_has_native(name) {
+                main_tid
+            } else {
+                main_ident
             };
             let pid = child.0.id();
             let p = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -340,13 +316,13 @@ time.sleep(600)
                 (0, 0),
                 "{name}: our namespace"
             );
-            check_offsets(name, &info, p.layout());
+            check_offsets(name, &info);
             let mem = ProcessMemory::new(pid);
             let ids = native_ids(&mem, &info);
             assert_eq!(ids.len(), 2, "{name}: main + sleeper thread, got {ids:?}");
             assert!(
-                ids.contains(&main_tid),
-                "{name}: main thread {main_tid} not in {ids:?}"
+                ids.contains(&main_key),
+                "{name}: main thread {main_key} not in {ids:?}"
             );
             let interp = field(&mem, info.runtime_addr, info.interpreters_head);
             let gil = gil_struct(&mem, &info, interp);
@@ -358,7 +334,7 @@ time.sleep(600)
                 // `last_holder` is one of the two thread states (it is not cleared on release).
                 let holder = field(&mem, gil, info.gil_holder);
                 assert_ne!(holder, 0, "{name}: no GIL last_holder");
-                let id = field(&mem, holder, info.tstate_native_thread_id);
+                let id = field(&mem, holder, key_offset(&info));
                 assert!(
                     ids.contains(&id),
                     "{name}: last_holder's id {id} not in {ids:?}"

@@ -17,7 +17,7 @@ use super::PyError;
 use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
 // The descriptor exposes the per-version dict placement as one of its fields; the type is
 // defined with the facts that choose it (facts never imports the descriptor: no import loop).
-pub use super::facts::{LongForm, ManagedDict};
+pub use super::facts::{DictKeys, EntryRule, InstrKind, LineTableKind, LongForm, ManagedDict};
 
 /// Size of the `_Py_DebugOffsets` header: `char cookie[8]; uint64_t version; uint64_t
 /// free_threaded;` — the field list follows, one `uint64_t` each.
@@ -84,12 +84,33 @@ pub enum HoldsGil {
     Int { offset: u64 },
 }
 
+/// Where the GIL is and its fields (relative to the `_gil_runtime_state`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GilLayout {
+    pub at: GilAt,
+    pub locked: u64,
+    pub last_holder: u64,
+    /// `enabled` (free-threaded builds only).
+    pub enabled: Option<u64>,
+}
+
+/// Where the `_gil_runtime_state` an interpreter uses is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilAt {
+    /// ≤ 3.11: one GIL per process, `_PyRuntime.ceval.gil` at this offset.
+    Runtime { offset: u64 },
+    /// 3.12+: `interp->ceval.gil` (a pointer; NULL: the embedded `_gil` at `embedded`).
+    Interpreter { ceval_gil: u64, embedded: u64 },
+}
+
 /// `_PyRuntimeState` (`runtime_state.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeOffsets {
     pub size: u64,
     /// `interpreters.head`.
     pub interpreters_head: u64,
+    /// `main_thread` (`pthread_t` of the main thread; built-in tables only, for the checks).
+    pub main_thread: Option<u64>,
 }
 
 /// `PyInterpreterState` (`interpreter_state.*`).
@@ -98,19 +119,10 @@ pub struct InterpOffsets {
     pub size: u64,
     pub id: u64,
     pub next: u64,
-    /// `threads.head` (newest thread first).
+    /// `threads.head` (≤ 3.10: `tstate_head`; newest thread first).
     pub threads_head: u64,
-    /// `imports.modules` (the `sys.modules` dict).
+    /// `imports.modules` (≤ 3.11: `modules`; the `sys.modules` dict).
     pub imports_modules: u64,
-    /// `ceval.gil`: pointer to the `_gil_runtime_state` in use.
-    pub ceval_gil: u64,
-    /// The embedded `_gil`.
-    pub gil_runtime_state: u64,
-    /// `_gil.enabled`, relative to the GIL struct (free-threaded builds only).
-    pub gil_enabled: Option<u64>,
-    /// `_gil.locked` / `_gil.last_holder`, relative to the interpreter (as in the debug offsets).
-    pub gil_locked: u64,
-    pub gil_holder: u64,
     /// `_code_object_generation` / `tlbc_generation` (3.14+; the latter free-threaded only).
     pub code_object_generation: Option<u64>,
     pub tlbc_generation: Option<u64>,
@@ -122,43 +134,67 @@ pub struct ThreadOffsets {
     pub size: u64,
     pub next: u64,
     pub interp: u64,
-    /// 3.13+: `current_frame`; 3.12: `cframe` (see `cframe_current_frame`).
+    /// 3.13+: `current_frame`; 3.11, 3.12: `cframe` (see `cframe_current_frame`); ≤ 3.10:
+    /// `frame`.
     pub current_frame: u64,
-    /// 3.12: the word at `tstate + current_frame` is a `_PyCFrame *`; the frame is at this offset
-    /// inside it (`_PyCFrame.current_frame`).
+    /// 3.11, 3.12: the word at `tstate + current_frame` is a `_PyCFrame *`; the frame is at
+    /// this offset inside it (`_PyCFrame.current_frame`).
     pub cframe_current_frame: Option<u64>,
     /// `pthread_t` (`threading.get_ident()`).
     pub thread_id: u64,
-    /// Linux TID in the target's pid namespace.
-    pub native_thread_id: u64,
-    pub status: u64,
+    /// Linux TID in the target's pid namespace (3.11+; before, the TID is found through the
+    /// `pthread_t`, see `Target::pthread_tid`).
+    pub native_thread_id: Option<u64>,
+    pub status: Option<u64>,
     pub holds_gil: HoldsGil,
     /// `int state` (`_Py_THREAD_ATTACHED` == 1); 3.13+.
     pub state: Option<u64>,
 }
 
-/// `_PyInterpreterFrame` (`interpreter_frame.*`) plus how to interpret it.
+/// `_PyInterpreterFrame` (`interpreter_frame.*`; ≤ 3.10 `PyFrameObject`) and how to read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameOffsets {
+    /// Bytes read per frame.
     pub size: u64,
+    /// `previous` (≤ 3.10: `f_back`).
     pub previous: u64,
-    /// `f_executable` (3.12: `f_code`).
+    /// `f_executable` (≤ 3.12: `f_code`).
     pub executable: u64,
-    /// `instr_ptr` (3.12: `prev_instr`).
+    /// `instr_ptr` (3.11, 3.12: `prev_instr`; ≤ 3.10: the word starting with `f_lasti`).
     pub instr_ptr: u64,
-    /// `char owner`.
-    pub owner: u64,
+    pub instr: InstrKind,
+    /// `char owner` (3.11+).
+    pub owner: Option<u64>,
+    /// `bool is_entry` (3.11).
+    pub is_entry: Option<u64>,
     /// `localsplus[]`: arguments, locals, cells and free variables, in the order of
     /// `co_localsplusnames` (`PyObject *` up to 3.13, `_PyStackRef` from 3.14).
     pub localsplus: u64,
     /// `int32 tlbc_index` (free-threaded 3.14+).
     pub tlbc_index: Option<u64>,
-    /// 3.12 `prev_instr` semantics: the last executed code unit (may be `code - 2`).
-    pub instr_is_prev: bool,
     /// `_PyStackRef` tag bits of `f_executable` (3.14+: `Py_TAG_BITS` == 3; 0 before).
     pub stackref_tag_mask: u64,
-    /// Frames with `owner >= first_shim_owner` are entry/base frames, never Python code.
-    pub first_shim_owner: u8,
+    pub entry: EntryRule,
+}
+
+impl FrameOffsets {
+    /// Whether a frame with this `owner` is an entry/base frame (no Python code).
+    pub fn is_shim_owner(&self, owner: u8) -> bool {
+        matches!(self.entry, EntryRule::OwnerAtLeast(n) if owner >= n)
+    }
+
+    /// Bytes from the frame start that hold every field read (the kernel reads only these).
+    pub fn header_bytes(&self) -> u64 {
+        let ends = [
+            self.previous + 8,
+            self.executable + 8,
+            self.instr_ptr + 8,
+            self.owner.map_or(0, |o| o + 1),
+            self.is_entry.map_or(0, |o| o + 1),
+            self.tlbc_index.map_or(0, |o| o + 4),
+        ];
+        ends.into_iter().max().unwrap_or(0).next_multiple_of(8)
+    }
 }
 
 /// `PyCodeObject` (`code_object.*`).
@@ -167,24 +203,39 @@ pub struct CodeOffsets {
     pub size: u64,
     pub filename: u64,
     pub name: u64,
-    pub qualname: u64,
+    /// `co_qualname` (3.11+; before, the plain `co_name` is shown).
+    pub qualname: Option<u64>,
+    /// `co_linetable` (3.8, 3.9: `co_lnotab`).
     pub linetable: u64,
+    pub linetable_kind: LineTableKind,
     pub firstlineno: u64,
-    pub code_adaptive: u64,
+    /// `co_code_adaptive` (3.11+: the bytecode inside the code object) …
+    pub code_adaptive: Option<u64>,
+    /// … or ≤ 3.10 `co_code`, a `bytes` object holding it.
+    pub co_code: Option<u64>,
     /// `co_tlbc` (`_PyCodeArray *`, free-threaded 3.14+).
     pub tlbc: Option<u64>,
     /// `_PyCodeArray.entries` (after `Py_ssize_t size`).
     pub tlbc_entries: u64,
-    /// `PyVarObject.ob_size`: number of code units in `co_code_adaptive`.
+    /// `PyVarObject.ob_size`: number of code units in `co_code_adaptive` (3.11+).
     pub ob_size: u64,
-    /// `co_localsplusnames` (tuple of str) and `co_localspluskinds` (bytes, `CO_FAST_*`).
-    pub localsplusnames: u64,
-    pub localspluskinds: u64,
+    /// `co_localsplusnames` (tuple of str) and `co_localspluskinds` (bytes, `CO_FAST_*`);
+    /// 3.11+ (before, locals are named by `co_varnames`, `co_cellvars` and `co_freevars`,
+    /// which `dump --locals` does not read).
+    pub localsplusnames: Option<u64>,
+    pub localspluskinds: Option<u64>,
     /// `int co_argcount`, `int co_kwonlyargcount`, `int co_flags` (`CO_VARARGS`,
     /// `CO_VARKEYWORDS`): which of the first locals are arguments.
     pub argcount: u64,
     pub kwonlyargcount: u64,
     pub flags: u64,
+}
+
+impl CodeOffsets {
+    /// Bytes of the code object's header the reader copies.
+    pub fn header_bytes(&self) -> u64 {
+        self.code_adaptive.unwrap_or(self.size)
+    }
 }
 
 /// `PyObject` header.
@@ -219,7 +270,9 @@ pub struct BytesOffsets {
 pub struct DictLayout {
     pub ma_keys: u64,
     pub ma_values: u64,
-    /// Offset of `values[]` inside `PyDictValues` (0 in 3.12, 8 in 3.13+).
+    pub keys: DictKeys,
+    /// Offset of `values[]` inside `PyDictValues` (0 up to 3.12, 8 in 3.13+; ≤ 3.10
+    /// `ma_values` points at the array itself).
     pub values_array: u64,
     pub managed_dict: ManagedDict,
     /// `Py_TPFLAGS_INLINE_VALUES` exists (3.13+).
@@ -233,12 +286,14 @@ pub struct TypeOffsets {
     pub tp_name: u64,
     pub tp_flags: u64,
     pub tp_basicsize: u64,
+    pub tp_dictoffset: u64,
     pub ht_cached_keys: u64,
 }
 
 /// `PyLongObject`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LongOffsets {
+    /// 3.12+ `lv_tag` (`ndigits << 3 | sign`); ≤ 3.11 `ob_size` (signed digit count).
     pub lv_tag: u64,
     pub ob_digit: u64,
     /// How sign and digit count are stored.
@@ -263,12 +318,21 @@ pub struct ValueOffsets {
     pub cell_ref: u64,
 }
 
+/// What the running binary must say about itself for a built-in table to apply
+/// (`tp_basicsize` of `PyCode_Type` and `PyFrame_Type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinaryChecks {
+    pub code_basicsize: Option<u64>,
+    pub frame_basicsize: Option<u64>,
+}
+
 /// Everything the walker and the in-kernel walker need to know about one interpreter build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeLayout {
     pub version: PyVersion,
     pub runtime: RuntimeOffsets,
     pub interp: InterpOffsets,
+    pub gil: GilLayout,
     pub tstate: ThreadOffsets,
     pub frame: FrameOffsets,
     pub code: CodeOffsets,
@@ -278,6 +342,7 @@ pub struct RuntimeLayout {
     pub dict: DictLayout,
     pub types: TypeOffsets,
     pub long: LongOffsets,
+    pub checks: BinaryChecks,
     pub values: ValueOffsets,
     /// `unicodedata.unidata_version` of this minor version (which characters `repr()` escapes).
     pub unicode_version: &'static str,
@@ -330,7 +395,11 @@ const CHECKED_GROUPS: &[(&str, u64, u64)] = &[
 ];
 
 /// Offsets that are relative to something other than their group, or 0 when absent.
-const NOT_IN_GROUP: &[&str] = &["interpreter_state.gil_runtime_state_enabled"];
+const NOT_IN_GROUP: &[&str] = &[
+    "interpreter_state.gil_runtime_state_enabled",
+    // `tp_basicsize` of `PyCode_Type`, compared with the binary (equal to `size` up to 3.10).
+    "code_object.basicsize",
+];
 
 fn validate(values: &[(&'static str, u64)]) -> Result<(), PyError> {
     let t = Table { values };
@@ -401,6 +470,44 @@ pub(crate) fn debug_offsets_len(facts: &VersionFacts) -> usize {
     }
 }
 
+/// The GIL: `_PyRuntime.ceval.gil` (built-in tables up to 3.11: `runtime_state.gil` and the
+/// struct-relative `gil.*`), or per interpreter (3.12+: `interp->ceval.gil`, the embedded
+/// `_gil`, and the interpreter-relative `gil_runtime_state_locked`/`_holder` of the debug
+/// offsets, made relative to the struct here).
+fn gil_layout(t: &Table<'_>, ft: bool) -> Result<GilLayout, PyError> {
+    if let Some(offset) = t.get("runtime_state.gil") {
+        return Ok(GilLayout {
+            at: GilAt::Runtime { offset },
+            locked: t.need("gil.locked")?,
+            last_holder: t.need("gil.last_holder")?,
+            enabled: None,
+        });
+    }
+    let embedded = t.need("interpreter_state.gil_runtime_state")?;
+    let in_gil = |name: &'static str| {
+        let v = t.need(name)?;
+        v.checked_sub(embedded).filter(|d| *d < 256).ok_or_else(|| {
+            invalid(
+                name,
+                format!("{v} is not inside the GIL struct at {embedded}"),
+            )
+        })
+    };
+    Ok(GilLayout {
+        at: GilAt::Interpreter {
+            ceval_gil: t.need("interpreter_state.ceval_gil")?,
+            embedded,
+        },
+        locked: in_gil("interpreter_state.gil_runtime_state_locked")?,
+        last_holder: in_gil("interpreter_state.gil_runtime_state_holder")?,
+        enabled: if ft {
+            t.get("interpreter_state.gil_runtime_state_enabled")
+        } else {
+            None
+        },
+    })
+}
+
 impl RuntimeLayout {
     /// Builds the layout of `version` from the bytes of its `_Py_DebugOffsets` (ignored for
     /// 3.12). Checks the cookie, that the header agrees with `version`, and every bound.
@@ -454,11 +561,11 @@ impl RuntimeLayout {
         let n = |name| t.need(name);
         let nonzero = |name| t.get(name).filter(|v| *v != 0);
         let header_size = n("pyobject.size")?;
-        let status = n("thread_state.status")?;
+        let status = t.get("thread_state.status");
         let holds_gil = match facts.holds_gil {
             HoldsGilFact::None => HoldsGil::Unknown,
             HoldsGilFact::StatusBit(bit) => HoldsGil::StatusBit {
-                offset: status,
+                offset: n("thread_state.status")?,
                 bit,
             },
             HoldsGilFact::Int(offset) => HoldsGil::Int { offset },
@@ -474,6 +581,7 @@ impl RuntimeLayout {
             runtime: RuntimeOffsets {
                 size: n("runtime_state.size")?,
                 interpreters_head: n("runtime_state.interpreters_head")?,
+                main_thread: t.get("runtime_state.main_thread"),
             },
             interp: InterpOffsets {
                 size: n("interpreter_state.size")?,
@@ -481,15 +589,6 @@ impl RuntimeLayout {
                 next: n("interpreter_state.next")?,
                 threads_head: n("interpreter_state.threads_head")?,
                 imports_modules: n("interpreter_state.imports_modules")?,
-                ceval_gil: n("interpreter_state.ceval_gil")?,
-                gil_runtime_state: n("interpreter_state.gil_runtime_state")?,
-                gil_enabled: if ft {
-                    t.get("interpreter_state.gil_runtime_state_enabled")
-                } else {
-                    None
-                },
-                gil_locked: n("interpreter_state.gil_runtime_state_locked")?,
-                gil_holder: n("interpreter_state.gil_runtime_state_holder")?,
                 code_object_generation: nonzero("interpreter_state.code_object_generation"),
                 tlbc_generation: if ft {
                     nonzero("interpreter_state.tlbc_generation")
@@ -497,6 +596,7 @@ impl RuntimeLayout {
                     None
                 },
             },
+            gil: gil_layout(&t, ft)?,
             tstate: ThreadOffsets {
                 size: n("thread_state.size")?,
                 next: n("thread_state.next")?,
@@ -504,7 +604,7 @@ impl RuntimeLayout {
                 current_frame: n("thread_state.current_frame")?,
                 cframe_current_frame: facts.cframe_current_frame,
                 thread_id: n("thread_state.thread_id")?,
-                native_thread_id: n("thread_state.native_thread_id")?,
+                native_thread_id: t.get("thread_state.native_thread_id"),
                 status,
                 holds_gil,
                 state: facts.state,
@@ -514,25 +614,28 @@ impl RuntimeLayout {
                 previous: n("interpreter_frame.previous")?,
                 executable: n("interpreter_frame.executable")?,
                 instr_ptr: n("interpreter_frame.instr_ptr")?,
-                owner: n("interpreter_frame.owner")?,
+                instr: facts.instr,
+                owner: t.get("interpreter_frame.owner"),
+                is_entry: t.get("interpreter_frame.is_entry"),
                 localsplus: n("interpreter_frame.localsplus")?,
                 tlbc_index: if ft {
                     nonzero("interpreter_frame.tlbc_index")
                 } else {
                     None
                 },
-                instr_is_prev: facts.instr_is_prev,
                 stackref_tag_mask: facts.stackref_tag_mask,
-                first_shim_owner: 3,
+                entry: facts.entry,
             },
             code: CodeOffsets {
                 size: n("code_object.size")?,
                 filename: n("code_object.filename")?,
                 name: n("code_object.name")?,
-                qualname: n("code_object.qualname")?,
+                qualname: t.get("code_object.qualname"),
                 linetable: n("code_object.linetable")?,
+                linetable_kind: facts.linetable,
                 firstlineno: n("code_object.firstlineno")?,
-                code_adaptive: n("code_object.co_code_adaptive")?,
+                code_adaptive: t.get("code_object.co_code_adaptive"),
+                co_code: t.get("code_object.co_code"),
                 tlbc: if ft {
                     nonzero("code_object.co_tlbc")
                 } else {
@@ -541,8 +644,8 @@ impl RuntimeLayout {
                 tlbc_entries: facts.tlbc_entries,
                 // `PyVarObject.ob_size` is generic: the tuple's is the code object's.
                 ob_size: n("tuple_object.ob_size")?,
-                localsplusnames: n("code_object.localsplusnames")?,
-                localspluskinds: n("code_object.localspluskinds")?,
+                localsplusnames: t.get("code_object.localsplusnames"),
+                localspluskinds: t.get("code_object.localspluskinds"),
                 argcount,
                 kwonlyargcount: argcount.wrapping_add_signed(facts.code_counts.kwonlyargcount),
                 flags: argcount.wrapping_add_signed(facts.code_counts.flags),
@@ -570,6 +673,7 @@ impl RuntimeLayout {
             dict: DictLayout {
                 ma_keys: n("dict_object.ma_keys")?,
                 ma_values: n("dict_object.ma_values")?,
+                keys: facts.dict_keys,
                 values_array: facts.values_array,
                 managed_dict: facts.managed_dict,
                 inline_values: facts.inline_values,
@@ -580,10 +684,16 @@ impl RuntimeLayout {
                 tp_name: n("type_object.tp_name")?,
                 tp_flags: n("type_object.tp_flags")?,
                 // Not in the debug offsets before 3.15 (§7): `tp_basicsize` directly follows
-                // `tp_name`; `PyHeapTypeObject.ht_cached_keys` is @880 (@896 free-threaded).
+                // `tp_name`; `tp_dictoffset` is @288 (@304 free-threaded);
+                // `PyHeapTypeObject.ht_cached_keys` is @880 (@896 free-threaded).
                 tp_basicsize: t
                     .get("type_object.tp_basicsize")
                     .unwrap_or(n("type_object.tp_name")? + 8),
+                tp_dictoffset: t.get("type_object.tp_dictoffset").unwrap_or(if ft {
+                    304
+                } else {
+                    288
+                }),
                 ht_cached_keys: t.get("heap_type_object.ht_cached_keys").unwrap_or(if ft {
                     896
                 } else {
@@ -591,9 +701,16 @@ impl RuntimeLayout {
                 }),
             },
             long: LongOffsets {
-                lv_tag: n("long_object.lv_tag")?,
+                lv_tag: match facts.long_form {
+                    LongForm::Tag => n("long_object.lv_tag")?,
+                    LongForm::SignedSize => n("long_object.ob_size")?,
+                },
                 ob_digit: n("long_object.ob_digit")?,
                 form: facts.long_form,
+            },
+            checks: BinaryChecks {
+                code_basicsize: t.get("code_object.basicsize"),
+                frame_basicsize: t.get("frame_object.basicsize"),
             },
             values: ValueOffsets {
                 tuple_item: n("tuple_object.ob_item")?,
@@ -611,6 +728,12 @@ impl RuntimeLayout {
             unicode_version: facts.unicode_version,
             table,
         };
+        if layout.code.code_adaptive.is_none() == layout.code.co_code.is_none() {
+            return Err(invalid(
+                "code_object",
+                "needs exactly one of co_code_adaptive and co_code".into(),
+            ));
+        }
         layout.check_widths()?;
         Ok(layout)
     }
@@ -635,17 +758,25 @@ impl RuntimeLayout {
         ] {
             fits(what, off, 8, f.size)?;
         }
-        fits("frame.owner", f.owner, 1, f.size)?;
+        for (what, off) in [("frame.owner", f.owner), ("frame.is_entry", f.is_entry)] {
+            if let Some(off) = off {
+                fits(what, off, 1, f.size)?;
+            }
+        }
         let s = &self.tstate;
         for (what, off) in [
             ("tstate.next", s.next),
             ("tstate.current_frame", s.current_frame),
             ("tstate.thread_id", s.thread_id),
-            ("tstate.native_thread_id", s.native_thread_id),
         ] {
             fits(what, off, 8, s.size)?;
         }
-        fits("tstate.status", s.status, 4, s.size)?;
+        if let Some(off) = s.native_thread_id {
+            fits("tstate.native_thread_id", off, 8, s.size)?;
+        }
+        if let Some(off) = s.status {
+            fits("tstate.status", off, 4, s.size)?;
+        }
         if let Some(state) = s.state {
             fits("tstate.state", state, 4, s.size)?;
         }
@@ -655,14 +786,18 @@ impl RuntimeLayout {
         let c = &self.code;
         for (what, off) in [
             ("code.filename", c.filename),
-            ("code.qualname", c.qualname),
+            ("code.name", c.name),
+            ("code.qualname", c.qualname.unwrap_or(c.name)),
             ("code.linetable", c.linetable),
             ("code.ob_size", c.ob_size),
+            ("code.co_code", c.co_code.unwrap_or(c.filename)),
         ] {
-            fits(what, off, 8, c.size)?;
+            fits(what, off, 8, c.header_bytes())?;
         }
-        fits("code.firstlineno", c.firstlineno, 4, c.size)?;
-        fits("code.co_code_adaptive", c.code_adaptive, 2, c.size)?;
+        fits("code.firstlineno", c.firstlineno, 4, c.header_bytes())?;
+        if let Some(off) = c.code_adaptive {
+            fits("code.co_code_adaptive", off, 2, c.size)?;
+        }
         let u = &self.unicode;
         fits("unicode.length", u.length, 8, u.ascii_size)?;
         fits("unicode.state", u.state, 4, u.ascii_size)?;
@@ -718,7 +853,15 @@ mod tests {
         assert_eq!(PyVersion::from_hex(0x030d_0ff0, true).short(), "3.13t");
         let e = RuntimeLayout::build(v(16, false), &[]).unwrap_err();
         assert_eq!(e.to_string(), "unsupported CPython 3.16");
-        assert!(RuntimeLayout::build(v(11, false), &[]).is_err());
+        let e = RuntimeLayout::build(v(7, false), &[]).unwrap_err();
+        assert_eq!(e.to_string(), "unsupported CPython 3.7");
+        assert!(RuntimeLayout::build(v(11, true), &[]).is_err(), "no 3.11t");
+        for minor in 8..=12 {
+            assert!(
+                RuntimeLayout::build(v(minor, false), &[]).is_ok(),
+                "3.{minor}"
+            );
+        }
     }
 
     #[test]
@@ -748,11 +891,11 @@ mod tests {
         assert_eq!((l.object.header_size, l.object.ob_type), (32, 24));
         assert_eq!(
             (l.frame.owner, l.frame.tlbc_index, l.frame.stackref_tag_mask),
-            (78, Some(72), 3)
+            (Some(78), Some(72), 3)
         );
         assert_eq!(
             (l.code.tlbc, l.code.tlbc_entries, l.code.code_adaptive),
-            (Some(224), 8, 232)
+            (Some(224), 8, Some(232))
         );
         assert_eq!(
             (
@@ -770,16 +913,16 @@ mod tests {
             (l.tstate.holds_gil, l.tstate.state),
             (HoldsGil::Int { offset: 36 }, Some(44))
         );
-        assert_eq!(l.interp.gil_enabled, Some(0));
+        assert_eq!(l.gil.enabled, Some(0));
         let d = RuntimeLayout::build(v(14, false), &debug_offsets_bytes(14, false)).unwrap();
         assert_eq!(
             (
                 d.frame.owner,
                 d.frame.tlbc_index,
                 d.code.tlbc,
-                d.interp.gil_enabled
+                d.gil.enabled
             ),
-            (74, None, None, None)
+            (Some(74), None, None, None)
         );
     }
 

@@ -1,7 +1,10 @@
-//! Line numbers from `co_linetable` (3.11–3.15 location table, unchanged since 3.11).
+//! Line numbers from `co_linetable` (3.11–3.15 location table, unchanged since 3.11), the
+//! 3.10 PEP 626 table and the 3.8/3.9 `co_lnotab`.
 //!
-//! Owns: the strict lookup [`line_at`] (= `PyCode_Addr2Line`) and, for tests and synthetic
-//! images, an encoder ([`LineTableWriter`]).
+//! Owns: the lookups [`line_at`] (location table, strict), [`line_at_pep626`] and
+//! [`line_at_lnotab`] (each = that version's `PyCode_Addr2Line`), [`line_at_kind`] which picks
+//! one by the layout's [`LineTableKind`], and, for tests and synthetic images, encoders
+//! ([`LineTableWriter`], [`encode_pep626`], [`encode_lnotab`]).
 //! Input: the table bytes, `co_firstlineno`, a byte offset into the bytecode.
 //! Output: the line, or -1 (no location, or no entry covers the offset).
 //! Constraints: the table comes from the target: malformed input yields an error, never a panic;
@@ -10,6 +13,115 @@
 //! `_PyCode_CheckLineNumber` / `PyCode_Addr2Line` in `Objects/codeobject.c`.
 //! The match is strict, `start <= addr < end`: 3.13+ `instr_ptr` points at a CALL that may
 //! start a new entry, and a non-strict end returns the previous entry's line (cpython-layouts §4).
+
+use super::layout::LineTableKind;
+
+/// The line at byte offset `addr` with the table format of `kind`.
+pub fn line_at_kind(
+    kind: LineTableKind,
+    table: &[u8],
+    firstlineno: i32,
+    addr: i64,
+) -> Result<i32, LineTableError> {
+    match kind {
+        LineTableKind::Locations => line_at(table, firstlineno, addr),
+        LineTableKind::Pep626 => line_at_pep626(table, firstlineno, addr),
+        LineTableKind::Lnotab => line_at_lnotab(table, firstlineno, addr),
+    }
+}
+
+/// 3.8/3.9 `co_lnotab` (`Objects/lnotab_notes.txt`): pairs of (unsigned byte increment,
+/// signed line increment); the line of `addr` is the running line after every pair whose
+/// address is `<= addr` (`PyCode_Addr2Line` in `Objects/codeobject.c` @ v3.9.18). Every byte
+/// string is a valid table; an odd last byte is ignored, like CPython does.
+pub fn line_at_lnotab(table: &[u8], firstlineno: i32, addr: i64) -> Result<i32, LineTableError> {
+    let mut line = i64::from(firstlineno);
+    let mut at: i64 = 0;
+    for pair in table.chunks_exact(2) {
+        at += i64::from(pair[0]);
+        if at > addr {
+            break;
+        }
+        line += i64::from(pair[1] as i8);
+    }
+    Ok(i32::try_from(line).unwrap_or(-1))
+}
+
+/// 3.10 PEP 626 `co_linetable` (`Objects/lnotab_notes.txt` @ v3.10.13): pairs of (unsigned
+/// byte delta, signed line delta; -128: no line); the entry `[start, end)` holding `addr`
+/// gives its line (`_PyCode_CheckLineNumber`: empty ranges are skipped, their deltas still
+/// count); `addr < 0` is `co_firstlineno`, no entry -1.
+pub fn line_at_pep626(table: &[u8], firstlineno: i32, addr: i64) -> Result<i32, LineTableError> {
+    if addr < 0 {
+        return Ok(firstlineno);
+    }
+    let mut computed = i64::from(firstlineno);
+    let mut end: i64 = 0;
+    for pair in table.chunks_exact(2) {
+        let start = end;
+        end += i64::from(pair[0]);
+        let line = if pair[1] as i8 == -128 {
+            -1
+        } else {
+            computed += i64::from(pair[1] as i8);
+            computed
+        };
+        if start <= addr && addr < end {
+            return Ok(i32::try_from(line).unwrap_or(-1));
+        }
+    }
+    Ok(-1)
+}
+
+/// Encodes a 3.10 table from (line, bytes) runs as CPython's `assemble_line_range` does:
+/// large line deltas first as empty ranges, then the bytes in steps of at most 254.
+#[cfg(test)]
+pub(crate) fn encode_pep626(firstlineno: i32, runs: &[(i32, u32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut line = i64::from(firstlineno);
+    for &(l, mut bytes) in runs {
+        let mut delta = i64::from(l) - line;
+        line = i64::from(l);
+        while !(-127..=127).contains(&delta) {
+            let d = delta.clamp(-127, 127);
+            out.extend([0, d as i8 as u8]);
+            delta -= d;
+        }
+        while bytes > 254 {
+            out.extend([254, delta as i8 as u8]);
+            delta = 0;
+            bytes -= 254;
+        }
+        out.extend([bytes as u8, delta as i8 as u8]);
+    }
+    out
+}
+
+/// Encodes a 3.8/3.9 `co_lnotab` from (line, bytes) runs (increments split to fit).
+#[cfg(test)]
+pub(crate) fn encode_lnotab(firstlineno: i32, runs: &[(i32, u32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (mut line, mut addr_incr) = (i64::from(firstlineno), 0u32);
+    for &(l, bytes) in runs {
+        let mut delta = i64::from(l) - line;
+        line = i64::from(l);
+        while addr_incr > 255 {
+            out.extend([255, 0]);
+            addr_incr -= 255;
+        }
+        loop {
+            let d = delta.clamp(-128, 127);
+            out.extend([addr_incr as u8, d as i8 as u8]);
+            addr_incr = 0;
+            delta -= d;
+            if delta == 0 {
+                break;
+            }
+        }
+        addr_incr = bytes;
+    }
+    out
+}
 
 /// The table ended in the middle of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -280,6 +392,55 @@ mod tests {
         assert_eq!(line_at(&[0xfb], 0, 0).unwrap(), -1);
     }
 
+    /// Hand-written tables in the formats of `Objects/lnotab_notes.txt` (3.9.18, 3.10.13).
+    #[test]
+    fn lnotab_and_pep626_by_hand() {
+        // 3.9: line 10 @0, +6 bytes → line 11, +4 → line 9 (backwards), +300 bytes (split as
+        // 255 + 45 with a 0 line step) → line 12.
+        let lnotab = [0, 0, 6, 1, 4, 0xfe, 255, 0, 45, 3];
+        let at = |a| line_at_lnotab(&lnotab, 10, a).unwrap();
+        assert_eq!((at(-1), at(0), at(5)), (10, 10, 10));
+        assert_eq!((at(6), at(9)), (11, 11));
+        assert_eq!((at(10), at(309)), (9, 9), "backwards");
+        assert_eq!((at(310), at(5000)), (12, 12));
+        // 3.10: [0,6) line 11, [6,10) no line, [10,10) empty (line +2 counts), [10,14) line 12.
+        let pep = [6, 1, 4, 0x80, 0, 2, 4, 0xff];
+        let at = |a| line_at_pep626(&pep, 10, a).unwrap();
+        assert_eq!((at(-2), at(0), at(5)), (10, 11, 11));
+        assert_eq!((at(6), at(9)), (-1, -1), "-128 is no line");
+        assert_eq!((at(10), at(13)), (12, 12));
+        assert_eq!(at(14), -1, "past the end");
+        assert_eq!(
+            line_at_kind(LineTableKind::Pep626, &pep, 10, 0).unwrap(),
+            11
+        );
+        assert_eq!(
+            line_at_kind(LineTableKind::Lnotab, &lnotab, 10, 6).unwrap(),
+            11
+        );
+    }
+
+    #[test]
+    fn old_encoders_round_trip_with_long_jumps() {
+        let runs = [(5, 2u32), (400, 600), (3, 4), (3, 2), (-20, 8), (1000, 2)];
+        for (table, kind) in [
+            (encode_lnotab(5, &runs), LineTableKind::Lnotab),
+            (encode_pep626(5, &runs), LineTableKind::Pep626),
+        ] {
+            let mut start = 0i64;
+            for &(line, bytes) in &runs {
+                for a in [start, start + i64::from(bytes) - 1] {
+                    assert_eq!(
+                        line_at_kind(kind, &table, 5, a).unwrap(),
+                        line,
+                        "{kind:?} @{a}"
+                    );
+                }
+                start += i64::from(bytes);
+            }
+        }
+    }
+
     #[test]
     fn random_tables_never_panic() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -291,7 +452,13 @@ mod tests {
             let t: Vec<u8> = (0..len)
                 .map(|i| (x >> (i % 8 * 8)) as u8 ^ i as u8)
                 .collect();
-            let _ = line_at(&t, (x >> 40) as i32, (x % 64) as i64);
+            for kind in [
+                LineTableKind::Locations,
+                LineTableKind::Pep626,
+                LineTableKind::Lnotab,
+            ] {
+                let _ = line_at_kind(kind, &t, (x >> 40) as i32, (x % 64) as i64 - 2);
+            }
         }
     }
 }

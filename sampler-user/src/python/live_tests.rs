@@ -462,7 +462,9 @@ fn frame_facts(
         if frame == 0 {
             break;
         }
-        let owner = mem.read_vec(frame + layout.frame.owner, 1).unwrap()[0];
+        let owner = mem
+            .read_vec(frame + layout.frame.owner.unwrap(), 1)
+            .unwrap()[0];
         let exec = mem.read_u64(frame + layout.frame.executable).unwrap();
         owners.push(owner);
         if owner == 3 {
@@ -535,7 +537,7 @@ fn builder_matches_live(name: &'static str, flavor: Flavor) {
     for (what, addr, kind, ascii) in [
         (
             "qualname Wörker.данные",
-            code_field(layout.code.qualname),
+            code_field(layout.code.qualname.unwrap_or(layout.code.name)),
             2,
             false,
         ),

@@ -75,8 +75,14 @@ impl LocalsCache {
 
 fn meta(ctx: Ctx<'_>, code: u64) -> Result<LocalsMeta, ObjError> {
     let (mem, c) = (ctx.mem, &ctx.layout.code);
-    let names_tuple = mem.read_u64(code.wrapping_add(c.localsplusnames))?;
-    let kinds_bytes = mem.read_u64(code.wrapping_add(c.localspluskinds))?;
+    let (Some(names_off), Some(kinds_off)) = (c.localsplusnames, c.localspluskinds) else {
+        return Err(ObjError::Invalid {
+            what: "no co_localsplusnames before CPython 3.11",
+            addr: code,
+        });
+    };
+    let names_tuple = mem.read_u64(code.wrapping_add(names_off))?;
+    let kinds_bytes = mem.read_u64(code.wrapping_add(kinds_off))?;
     let (items, len) = seq_items(ctx, names_tuple, Seq::Tuple, MAX_LOCALS)?;
     let (kinds, klen) = read_bytes_prefix(mem, ctx.layout, kinds_bytes, MAX_LOCALS)?;
     if klen != len {

@@ -134,8 +134,14 @@ pub struct PythonProcess {
     limits: Limits,
 }
 
-/// Reads the version of the runtime at `d` (debug-offsets header, else `Py_Version`).
+/// Reads the version of the runtime at `d`: the debug-offsets header (3.13+), else
+/// `Py_Version` (3.11, 3.12), else the version string `Py_GetVersion()` left in `.bss`
+/// (≤ 3.10, and the older versions refused by name).
 fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
+    if d.pre_runtime {
+        let v = bss_version(mem, pid, d)?;
+        return Err(PyError::Unsupported { version: v.short() });
+    }
     let mut hdr = [0u8; DEBUG_OFFSETS_HEADER];
     mem.read(d.runtime_addr, &mut hdr)
         .map_err(|e| PyError::from_mem(pid, e))?;
@@ -160,19 +166,213 @@ fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersio
         }
         return Ok(v);
     }
-    let Some(hex) = py_version else {
-        // `_PyRuntime` without `Py_Version` (added in 3.11): CPython 3.7-3.10.
-        return Err(PyError::Unsupported {
-            version: "older than 3.11".into(),
-        });
+    let v = if let Some(hex) = py_version {
+        PyVersion::from_hex(hex, false)
+    } else {
+        let v = bss_version(mem, pid, d)?;
+        if (v.major, v.minor) >= (3, 11) {
+            return Err(invalid(format!("{v} without Py_Version")));
+        }
+        v
     };
-    let v = PyVersion::from_hex(hex, false);
     // Unknown minors are refused here; a version that carries debug offsets but has no cookie
     // is refused rather than guessed.
     if debug_offsets_len(&version_facts(v.major, v.minor, false)?) > 0 {
         return Err(invalid(format!("{v} without the \"xdebugpy\" cookie")));
     }
     Ok(v)
+}
+
+/// Versions read from `.bss`, per interpreter file (device, inode).
+static BSS_VERSIONS: LazyLock<Mutex<Lru<FileId, PyVersion>>> =
+    LazyLock::new(|| Mutex::new(Lru::new(1024)));
+/// Most `.bss` bytes searched for the version string.
+const MAX_BSS: u64 = 16 << 20;
+
+/// The version in the buffer `Py_GetVersion()` fills at start-up (`static char
+/// version[250]` in `Python/getversion.c`: "3.9.18 (main, …) \n[GCC …]", in `.bss`).
+fn bss_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
+    let key = d.file.clone();
+    if let Some(v) = BSS_VERSIONS
+        .lock()
+        .ok()
+        .and_then(|mut c| c.get(&key).copied())
+    {
+        return Ok(v);
+    }
+    let Some((start, size)) = d.bss else {
+        return Err(PyError::Invalid {
+            what: "interpreter",
+            addr: d.runtime_addr,
+            detail: "no Py_Version and no .bss to find the version in".into(),
+        });
+    };
+    let size = size.min(MAX_BSS);
+    let mut at = 0;
+    loop {
+        let len = (size - at).min(memory::MAX_READ as u64);
+        let bytes = mem
+            .read_vec(start + at, len as usize)
+            .map_err(|e| PyError::from_mem(pid, e))?;
+        if let Some(v) = version_in(&bytes) {
+            if let Ok(mut c) = BSS_VERSIONS.lock() {
+                c.insert(key, v);
+            }
+            return Ok(v);
+        }
+        if at + len >= size {
+            break;
+        }
+        // The next chunk overlaps this one by a version string's length, so none is cut.
+        at += len - VERSION_WINDOW;
+    }
+    // Not filled yet (the interpreter has not started), or not CPython.
+    Err(PyError::Invalid {
+        what: "interpreter",
+        addr: start,
+        detail: "no version string in .bss (not initialised yet?)".into(),
+    })
+}
+
+/// Bytes a version string may span ("3.10.13 (main, …) [GCC …]" fits in 250).
+const VERSION_WINDOW: u64 = 256;
+
+/// The first "M.m.p[aN|bN|rcN][+] (" followed by printable text and a NUL in `bytes`.
+fn version_in(bytes: &[u8]) -> Option<PyVersion> {
+    let digits = |b: &[u8], i: &mut usize, max: usize| -> Option<u32> {
+        let s = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() && *i - s < max {
+            *i += 1;
+        }
+        std::str::from_utf8(&b[s..*i]).ok()?.parse().ok()
+    };
+    for start in 0..bytes.len().saturating_sub(8) {
+        if !(bytes[start] == b'2' || bytes[start] == b'3') || bytes[start + 1] != b'.' {
+            continue;
+        }
+        if start > 0 && (bytes[start - 1].is_ascii_digit() || bytes[start - 1] == b'.') {
+            continue;
+        }
+        let b = bytes;
+        let mut i = start + 2;
+        let Some(minor) = digits(b, &mut i, 2) else {
+            continue;
+        };
+        if b.get(i) != Some(&b'.') {
+            continue;
+        }
+        i += 1;
+        let Some(micro) = digits(b, &mut i, 2) else {
+            continue;
+        };
+        let (mut level, mut serial) = (0xF, 0);
+        for (tag, lv) in [(&b"rc"[..], 0xC), (b"a", 0xA), (b"b", 0xB)] {
+            if b[i..].starts_with(tag) {
+                i += tag.len();
+                level = lv;
+                serial = digits(b, &mut i, 2).unwrap_or(0);
+                break;
+            }
+        }
+        if b.get(i) == Some(&b'+') {
+            i += 1;
+        }
+        if !b[i..].starts_with(b" (") {
+            continue;
+        }
+        let rest = &b[i..b.len().min(start + 250)];
+        let Some(nul) = rest.iter().position(|&c| c == 0) else {
+            continue;
+        };
+        if !rest[..nul]
+            .iter()
+            .all(|&c| c == b'\n' || (0x20..0x7f).contains(&c))
+        {
+            continue;
+        }
+        return Some(PyVersion {
+            major: b[start] - b'0',
+            minor: minor as u8,
+            micro: micro as u8,
+            level,
+            serial: serial as u8,
+            free_threaded: false,
+        });
+    }
+    None
+}
+
+/// Checks a built-in table against the running binary before it is used: the sizes
+/// `PyCode_Type` and `PyFrame_Type` give, and on an initialised runtime the chain the table
+/// describes (every thread state of the main interpreter points back at it, and one of them
+/// is the runtime's `main_thread`). A patch release that moved what the table says fails here.
+fn check_binary(
+    mem: &dyn ReadMemory,
+    pid: u32,
+    d: &Detected,
+    version: PyVersion,
+    layout: &RuntimeLayout,
+) -> Result<(), PyError> {
+    let refuse = |detail: String| PyError::NotRecognised {
+        version: version.to_string(),
+        detail,
+    };
+    let read = |a: u64| mem.read_u64(a).map_err(|e| PyError::from_mem(pid, e));
+    for (what, ty, want) in [
+        (
+            "PyCode_Type",
+            d.pycode_type_addr,
+            layout.checks.code_basicsize,
+        ),
+        (
+            "PyFrame_Type",
+            d.pyframe_type_addr,
+            layout.checks.frame_basicsize,
+        ),
+    ] {
+        let (Some(ty), Some(want)) = (ty, want) else {
+            continue;
+        };
+        let got = read(ty.wrapping_add(layout.types.tp_basicsize))?;
+        if got != want {
+            return Err(refuse(format!(
+                "{what}.tp_basicsize is {got}, the table says {want}"
+            )));
+        }
+    }
+    let Some(main_thread_off) = layout.runtime.main_thread else {
+        return Ok(());
+    };
+    let rt = d.runtime_addr;
+    let mut interp = read(rt.wrapping_add(layout.runtime.interpreters_head))?;
+    if interp == 0 {
+        return Ok(()); // not initialised yet: the type checks are all there is
+    }
+    for _ in 0..64 {
+        match read(interp.wrapping_add(layout.interp.next))? {
+            0 => break,
+            next => interp = next,
+        }
+    }
+    let main_thread = read(rt.wrapping_add(main_thread_off))?;
+    let mut ts = read(interp.wrapping_add(layout.interp.threads_head))?;
+    let (mut seen, mut main_seen) = (0, false);
+    while ts != 0 && seen < 4096 {
+        if read(ts.wrapping_add(layout.tstate.interp))? != interp {
+            return Err(refuse(
+                "a thread state does not point back at its interpreter".into(),
+            ));
+        }
+        main_seen |= read(ts.wrapping_add(layout.tstate.thread_id))? == main_thread;
+        ts = read(ts.wrapping_add(layout.tstate.next))?;
+        seen += 1;
+    }
+    if seen > 0 && !main_seen {
+        return Err(refuse(format!(
+            "no thread state has the main thread's id {main_thread:#x}"
+        )));
+    }
+    Ok(())
 }
 
 fn layout_for(
@@ -204,6 +404,9 @@ fn layout_for(
                 layout.runtime.size, d.runtime_size
             ),
         });
+    }
+    if debug_offsets_len(&facts) == 0 {
+        check_binary(mem, pid, d, version, &layout)?;
     }
     let layout = Arc::new(layout);
     if let Ok(mut c) = LAYOUTS.lock() {
@@ -253,8 +456,21 @@ impl PythonProcess {
         let Some((detected, version, layout)) = chosen else {
             return Err(first_err.unwrap_or(PyError::NotPython { pid }));
         };
+        // glibc's `_thread_db_pthread_tid` is `{bit size, count, offset}` (`nptl_db`'s
+        // `DB_STRUCT_FIELD`): the offset of `tid` in `struct pthread`.
+        let pthread_tid = detected
+            .pthread_tid_desc
+            .and_then(|a| mem.read_vec(a, 12).ok())
+            .and_then(|b| {
+                let w = |i: usize| {
+                    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                };
+                (w(0) == 32 && w(2) < 4096).then(|| u64::from(w(2)))
+            });
         let target = Target {
             pid,
+            runtime: detected.runtime_addr,
+            pthread_tid,
             pycode_type: detected.pycode_type_addr,
             image: detected.image.clone(),
             known: detected.known.clone(),

@@ -17,7 +17,7 @@
 //! <https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_dict.h>.
 
 use super::code::Ctx;
-use super::layout::LongForm;
+use super::layout::{DictKeys, LongForm};
 use super::memory::{MemError, field_u64};
 
 /// A static object of the interpreter that the reader recognises by address.
@@ -114,6 +114,8 @@ const MAX_PLAUSIBLE_COUNT: u64 = 1 << 40;
 /// `PyDictKeysObject` header: `dk_log2_index_bytes` @9, `dk_kind` @10, `dk_nentries` @24;
 /// the indices follow @32 (every build, 3.11–3.15).
 const DK_HEADER: u64 = 32;
+/// ≤ 3.10: `dk_refcnt`, `dk_size`, `dk_lookup`, `dk_usable`, `dk_nentries`; indices @40.
+const DK_HEADER_SIZED: u64 = 40;
 /// Table slots read at once.
 const CHUNK: u64 = 256;
 
@@ -145,11 +147,38 @@ pub fn keys_entries(
     scan: u64,
 ) -> Result<DictEntries, ObjError> {
     let mem = ctx.mem;
-    let head = mem.read_vec(keys, DK_HEADER as usize)?;
-    let log2_index_bytes = u32::from(head[9]);
-    let kind = head[10];
-    let nentries = field_u64(&head, 24).ok_or(invalid("dk_nentries", keys))?;
-    if log2_index_bytes > 40 || nentries > MAX_PLAUSIBLE_COUNT || kind > 2 {
+    let (nentries, entries, kind) = match ctx.layout.dict.keys {
+        DictKeys::Log2 => {
+            let head = mem.read_vec(keys, DK_HEADER as usize)?;
+            let log2_index_bytes = u32::from(head[9]);
+            let kind = head[10];
+            let nentries = field_u64(&head, 24).ok_or(invalid("dk_nentries", keys))?;
+            if log2_index_bytes > 40 || kind > 2 {
+                return Err(invalid("implausible dict keys", keys));
+            }
+            let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
+            (nentries, entries, kind)
+        }
+        DictKeys::Sized => {
+            // `dk_size` @8 (a power of two), `dk_nentries` @32, indices @40, each 1, 2, 4 or 8
+            // bytes wide as `dk_size` needs (`DK_IXSIZE` in 3.10's `Objects/dictobject.c`);
+            // every entry is `{hash, key, value}` (kind 0).
+            let head = mem.read_vec(keys, DK_HEADER_SIZED as usize)?;
+            let size = field_u64(&head, 8).ok_or(invalid("dk_size", keys))?;
+            let nentries = field_u64(&head, 32).ok_or(invalid("dk_nentries", keys))?;
+            if !size.is_power_of_two() || size > 1 << 40 {
+                return Err(invalid("implausible dict keys", keys));
+            }
+            let ix = match size {
+                0..=0xff => 1,
+                0x100..=0xffff => 2,
+                0x1_0000..=0xffff_ffff => 4,
+                _ => 8,
+            };
+            (nentries, keys.wrapping_add(DK_HEADER_SIZED + size * ix), 0)
+        }
+    };
+    if nentries > MAX_PLAUSIBLE_COUNT {
         return Err(invalid("implausible dict keys", keys));
     }
     // Kind 0 (general): {hash, key, value}; kinds 1/2 (unicode keys, split): {key, value}.
@@ -158,7 +187,6 @@ pub fn keys_entries(
     } else {
         (16, 0, 8)
     };
-    let entries = keys.wrapping_add(DK_HEADER + (1u64 << log2_index_bytes));
     let mut out = DictEntries {
         nentries,
         ..DictEntries::default()

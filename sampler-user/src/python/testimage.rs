@@ -12,8 +12,10 @@
 //! checked by `live_tests::builder_matches_live_*`.
 
 use super::code::Target;
-use super::layout::{DEBUG_COOKIE, ManagedDict, PyVersion, RuntimeLayout};
-use super::linetable::LineTableWriter;
+use super::layout::{
+    DEBUG_COOKIE, DictKeys, GilAt, InstrKind, LineTableKind, ManagedDict, PyVersion, RuntimeLayout,
+};
+use super::linetable::{LineTableWriter, encode_lnotab, encode_pep626};
 use super::memory::ImageMemory;
 use super::objects::{Known, KnownObjects};
 use super::tables::{FIELDS_313, FIELDS_314, FIELDS_315};
@@ -42,6 +44,34 @@ impl std::fmt::Debug for Flavor {
 }
 
 impl Flavor {
+    pub const V38: Flavor = Flavor(&FlavorData {
+        name: "3.8",
+        hex: 0x0308_12f0,
+        ft: false,
+        fields: &[],
+        values: &[],
+    });
+    pub const V39: Flavor = Flavor(&FlavorData {
+        name: "3.9",
+        hex: 0x0309_12f0,
+        ft: false,
+        fields: &[],
+        values: &[],
+    });
+    pub const V310: Flavor = Flavor(&FlavorData {
+        name: "3.10",
+        hex: 0x030a_0df0,
+        ft: false,
+        fields: &[],
+        values: &[],
+    });
+    pub const V311: Flavor = Flavor(&FlavorData {
+        name: "3.11",
+        hex: 0x030b_07f0,
+        ft: false,
+        fields: &[],
+        values: &[],
+    });
     pub const V312: Flavor = Flavor(&FlavorData {
         name: "3.12",
         hex: 0x030c_01f0,
@@ -84,7 +114,11 @@ impl Flavor {
         fields: FIELDS_315,
         values: V315_VALUES,
     });
-    pub const ALL: [Flavor; 6] = [
+    pub const ALL: [Flavor; 10] = [
+        Flavor::V38,
+        Flavor::V39,
+        Flavor::V310,
+        Flavor::V311,
         Flavor::V312,
         Flavor::V313,
         Flavor::V313T,
@@ -162,6 +196,9 @@ const HEAP_BASE: u64 = 0x7f00_0000_0000;
 const GAP: u64 = 0x40;
 const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
 const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
+/// `tid` in the synthetic images' `struct pthread` (glibc 2.3x on x86-64 has it @0x2d0; the
+/// reader takes whatever the target's descriptor says).
+pub const PTHREAD_TID: u64 = 0x2d0;
 
 /// Builds a synthetic process image; see the module header.
 pub struct ImageBuilder {
@@ -267,10 +304,13 @@ impl ImageBuilder {
         b.interp = b.alloc(b.layout.interp.size);
         b.w64(b.runtime + b.layout.runtime.interpreters_head, b.interp);
         // `ceval.gil` points at the embedded `_gil`; a free-threaded GIL starts disabled.
-        b.w64(
-            b.interp + b.layout.interp.ceval_gil,
-            b.interp + b.layout.interp.gil_runtime_state,
-        );
+        if let GilAt::Interpreter {
+            ceval_gil,
+            embedded,
+        } = b.layout.gil.at
+        {
+            b.w64(b.interp + ceval_gil, b.interp + embedded);
+        }
         b
     }
 
@@ -313,6 +353,8 @@ impl ImageBuilder {
         }
         Target {
             pid: 0,
+            runtime: self.runtime,
+            pthread_tid: Some(PTHREAD_TID),
             pycode_type: Some(self.types.code),
             image: vec![(IMAGE_BASE, self.image_next)],
             known,
@@ -434,16 +476,28 @@ impl ImageBuilder {
 
     /// A code object; its bytecode units are filled with a recognisable pattern.
     pub fn code(&mut self, spec: &CodeSpec<'_>) -> u64 {
-        let mut w = LineTableWriter::new(spec.firstlineno);
-        for &(line, units) in spec.lines {
-            w.entry(line, units);
-        }
+        let runs: Vec<(i32, u32)> = spec
+            .lines
+            .iter()
+            .map(|&(line, units)| (line, 2 * u32::from(units)))
+            .collect();
+        let table = match self.layout.code.linetable_kind {
+            LineTableKind::Locations => {
+                let mut w = LineTableWriter::new(spec.firstlineno);
+                for &(line, units) in spec.lines {
+                    w.entry(line, units);
+                }
+                w.bytes
+            }
+            LineTableKind::Pep626 => encode_pep626(spec.firstlineno, &runs),
+            LineTableKind::Lnotab => encode_lnotab(spec.firstlineno, &runs),
+        };
         let units: u64 = spec.lines.iter().map(|&(_, u)| u64::from(u)).sum();
         self.code_raw(
             spec.qualname,
             spec.filename,
             spec.firstlineno,
-            &w.bytes,
+            &table,
             units,
             false,
         )
@@ -465,15 +519,27 @@ impl ImageBuilder {
             self.str_object(filename),
             self.bytes_object(table),
         );
-        let size = c.code_adaptive + 2 * units.max(1);
+        let size = match c.code_adaptive {
+            Some(inline) => inline + 2 * units.max(1),
+            None => c.size,
+        };
         let a = if in_image {
             self.alloc_image(size)
         } else {
             self.alloc(size)
         };
         self.w64(a + self.layout.object.ob_type, self.types.code);
-        self.w64(a + c.ob_size, units);
-        self.w64(a + c.qualname, qual);
+        match c.co_code {
+            // ≤ 3.10: the bytecode is a separate `bytes` object.
+            Some(co_code) => {
+                let bytecode = self.bytes_object(&vec![0x64; 2 * units.max(1) as usize]);
+                self.w64(a + co_code, bytecode);
+            }
+            None => self.w64(a + c.ob_size, units),
+        }
+        if let Some(q) = c.qualname {
+            self.w64(a + q, qual);
+        }
         self.w64(a + c.name, qual);
         self.w64(a + c.filename, file);
         self.w64(a + c.linetable, table);
@@ -482,7 +548,7 @@ impl ImageBuilder {
             // `_PyCodeArray { size = 1, entries[0] = co_code_adaptive }`.
             let arr = self.alloc(c.tlbc_entries + 8);
             self.w64(arr, 1);
-            self.w64(arr + c.tlbc_entries, a + c.code_adaptive);
+            self.w64(arr + c.tlbc_entries, a + c.code_adaptive.unwrap_or(0));
             self.w64(a + tlbc, arr);
         }
         a
@@ -500,7 +566,7 @@ impl ImageBuilder {
         let units = self.mem_u64(code + c.ob_size);
         let arr = self.alloc(c.tlbc_entries + 8 * (index + 1));
         self.w64(arr, index + 1);
-        self.w64(arr + c.tlbc_entries, code + c.code_adaptive);
+        self.w64(arr + c.tlbc_entries, code + c.code_adaptive.unwrap_or(0));
         let copy = self.alloc(2 * units);
         self.w64(arr + c.tlbc_entries + 8 * index, copy);
         self.w64(code + tlbc, arr);
@@ -521,9 +587,24 @@ impl ImageBuilder {
 
     /// A frame executing `code` at code unit `unit` (or any raw `exec` bits via `frame_raw`).
     pub fn frame(&mut self, code: u64, unit: u64, previous: u64) -> u64 {
-        let base = code + self.layout.code.code_adaptive;
         let bits = self.exec_bits(code);
-        self.frame_raw(bits, base + 2 * unit, 0, previous, 0)
+        let instr = self.instr_value(code, unit);
+        self.frame_raw(bits, instr, 0, previous, 0)
+    }
+
+    /// What a frame of `code` at code unit `unit` stores at `instr_ptr`: a pointer into the
+    /// bytecode, or ≤ 3.10 the word `f_lasti` (bytes or units) | `f_lineno` (garbage unless
+    /// tracing: the reader must ignore it) << 32.
+    pub fn instr_value(&self, code: u64, unit: u64) -> u64 {
+        match self.layout.frame.instr {
+            InstrKind::Lasti { unit_bytes } => {
+                let lasti = unit * 2 / u64::from(unit_bytes);
+                lasti | 0x7777 << 32
+            }
+            InstrKind::PrevInstr | InstrKind::InstrPtr => {
+                code + self.layout.code.code_adaptive.unwrap_or(0) + 2 * unit
+            }
+        }
     }
 
     /// A frame whose `instr_ptr` points into the thread-local copy `index`.
@@ -552,15 +633,21 @@ impl ImageBuilder {
         self.w64(a + f.executable, exec);
         self.w64(a + f.instr_ptr, instr);
         self.w64(a + f.previous, previous);
-        self.write(a + f.owner, &[owner]);
+        if let Some(o) = f.owner {
+            self.write(a + o, &[owner]);
+        }
         if let Some(t) = f.tlbc_index {
             self.w32(a + t, tlbc_index as u32);
         }
         a
     }
 
-    /// An entry frame (owner 3, `f_executable` = None, tagged where stackrefs exist).
+    /// An entry frame (owner 3, `f_executable` = None, tagged where stackrefs exist); ≤ 3.11
+    /// chains have no entry frames: then `previous` itself.
     pub fn entry_frame(&mut self, previous: u64) -> u64 {
+        if !self.layout.frame.is_shim_owner(3) {
+            return previous;
+        }
         let none = self.none | u64::from(self.layout.frame.stackref_tag_mask != 0);
         self.frame_raw(none, 0, 3, previous, 0)
     }
@@ -571,7 +658,11 @@ impl ImageBuilder {
         let t = self.layout.tstate.clone();
         let f = self.layout.frame.clone();
         let ts = self.alloc(t.size + f.size + 16);
-        self.w64(ts + t.native_thread_id, native_tid);
+        match t.native_thread_id {
+            Some(off) => self.w64(ts + off, native_tid),
+            // ≤ 3.10: the TID is in the `struct pthread` the `pthread_t` points at.
+            None => self.pthread(thread_id, native_tid),
+        }
         self.w64(ts + t.thread_id, thread_id);
         self.w64(ts + t.interp, self.interp);
         let head = self.interp + self.layout.interp.threads_head;
@@ -587,6 +678,20 @@ impl ImageBuilder {
             None => self.w64(ts + t.current_frame, top),
         }
         ts
+    }
+
+    /// A `struct pthread` at `addr` whose `tid` is `tid`, where no object is in the way.
+    fn pthread(&mut self, addr: u64, tid: u64) {
+        let end = addr + PTHREAD_TID + 4;
+        let clear = self
+            .mem
+            .regions()
+            .all(|(start, bytes)| start >= end || start + bytes.len() as u64 <= addr);
+        if clear {
+            let mut block = vec![0u8; (PTHREAD_TID + 4) as usize];
+            block[PTHREAD_TID as usize..].copy_from_slice(&(tid as u32).to_le_bytes());
+            self.mem.insert(addr, block);
+        }
     }
 
     /// Sets `tstate->state` (3.13+) and the thread's own `holds_gil` flag.
@@ -606,22 +711,39 @@ impl ImageBuilder {
 
     /// GIL: `holder` locks it (None: unlocked); `enabled` sets the free-threaded flag.
     pub fn set_gil(&mut self, holder: Option<u64>, enabled: Option<i32>) {
-        let i = self.layout.interp.clone();
-        self.w32(self.interp + i.gil_locked, u32::from(holder.is_some()));
-        self.w64(self.interp + i.gil_holder, holder.unwrap_or(0xbad));
-        if let (Some(off), Some(en)) = (i.gil_enabled, enabled) {
-            self.w32(self.interp + i.gil_runtime_state + off, en as u32);
+        let g = self.layout.gil.clone();
+        let gil = match g.at {
+            GilAt::Runtime { offset } => self.runtime + offset,
+            GilAt::Interpreter { embedded, .. } => self.interp + embedded,
+        };
+        self.w32(gil + g.locked, u32::from(holder.is_some()));
+        self.w64(gil + g.last_holder, holder.unwrap_or(0xbad));
+        if let (Some(off), Some(en)) = (g.enabled, enabled) {
+            self.w32(gil + off, en as u32);
         }
     }
 
     /// A keys object: kind 0 (general) or 1 (unicode keys) with combined `values` if given.
     fn keys_object(&mut self, kind: u8, keys: &[u64], values: Option<&[u64]>) -> u64 {
-        let log2_index_bytes = 3u8;
+        let sized = self.layout.dict.keys == DictKeys::Sized;
+        // ≤ 3.10 keys have no kind: every entry is {hash, key, value}.
+        let kind = if sized { 0 } else { kind };
         let entry = if kind == 0 { 24 } else { 16 };
-        let a = self.alloc(32 + 8 + entry * keys.len() as u64);
-        self.write(a + 9, &[log2_index_bytes, kind]);
-        self.w64(a + 24, keys.len() as u64);
-        let entries = a + 32 + 8;
+        let entries_at = if sized {
+            // `dk_size` 8 (1-byte indices), `dk_nentries` @32, indices @40.
+            40 + 8
+        } else {
+            32 + 8
+        };
+        let a = self.alloc(entries_at + entry * keys.len().max(1) as u64);
+        if sized {
+            self.w64(a + 8, 8);
+            self.w64(a + 32, keys.len() as u64);
+        } else {
+            self.write(a + 9, &[3, kind]);
+            self.w64(a + 24, keys.len() as u64);
+        }
+        let entries = a + entries_at;
         for (i, k) in keys.iter().enumerate() {
             let e = entries + entry * i as u64;
             let (ko, vo) = if kind == 0 { (8, 16) } else { (0, 8) };
@@ -662,7 +784,12 @@ impl ImageBuilder {
         }
         let a = self.object(l.ob_digit + 4 * digits.len().max(1) as u64, self.types.int);
         let sign = u64::from(v == 0);
-        self.w64(a + l.lv_tag, ((digits.len() as u64) << 3) | sign);
+        let size = if l.form == super::layout::LongForm::Tag {
+            ((digits.len() as u64) << 3) | sign
+        } else {
+            digits.len() as u64
+        };
+        self.w64(a + l.lv_tag, size);
         for (i, d) in digits.iter().enumerate() {
             self.w32(a + l.ob_digit + 4 * i as u64, *d);
         }
@@ -681,10 +808,17 @@ impl ImageBuilder {
             } else {
                 0
             };
-        let basicsize = l.object.header_size;
+        // ≤ 3.10 instances keep their dict right after the header (`tp_dictoffset`).
+        let dict_offset = l.object.header_size;
+        let basicsize = if l.dict.managed_dict == ManagedDict::TypeDictOffset {
+            dict_offset + 8
+        } else {
+            l.object.header_size
+        };
         let thread_type = self.alloc(l.types.ht_cached_keys + 8);
         self.w64(thread_type + l.types.tp_flags, flags);
         self.w64(thread_type + l.types.tp_basicsize, basicsize);
+        self.w64(thread_type + l.types.tp_dictoffset, dict_offset);
         self.w64(thread_type + l.types.ht_cached_keys, cached);
         let mut active = Vec::new();
         for &(ident, name) in threads {
@@ -694,25 +828,32 @@ impl ImageBuilder {
             let block = self.alloc(pre + basicsize + 8 + 16 + 16);
             let obj = block + pre;
             self.w64(obj + l.object.ob_type, thread_type);
-            let slot = match l.dict.managed_dict {
-                ManagedDict::Tagged { offset } | ManagedDict::Pointer { offset } => {
-                    obj.wrapping_add_signed(offset)
-                }
-            };
             let values = [0xdead_beef_u64, n];
             match (inline, l.dict.managed_dict) {
-                (true, ManagedDict::Tagged { .. }) => {
+                (_, ManagedDict::TypeDictOffset) => {
+                    let d = self.dict_object(1, &[(k_target, values[0]), (k_name, n)]);
+                    self.w64(obj + dict_offset, d);
+                }
+                (true, ManagedDict::ValuesThenDict { values: at, .. }) => {
                     let v = self.dict_values(&values);
-                    self.w64(slot, v - 1);
+                    self.w64(obj.wrapping_add_signed(at), v);
+                }
+                (false, ManagedDict::ValuesThenDict { dict, .. }) => {
+                    let d = self.dict_object(1, &[(k_target, values[0]), (k_name, n)]);
+                    self.w64(obj.wrapping_add_signed(dict), d);
+                }
+                (true, ManagedDict::Tagged { offset }) => {
+                    let v = self.dict_values(&values);
+                    self.w64(obj.wrapping_add_signed(offset), v - 1);
                 }
                 (true, ManagedDict::Pointer { .. }) if l.dict.inline_values => {
                     let off = l.dict.values_array;
                     self.w64(obj + basicsize + off, values[0]);
                     self.w64(obj + basicsize + off + 8, values[1]);
                 }
-                _ => {
+                (_, ManagedDict::Tagged { offset } | ManagedDict::Pointer { offset }) => {
                     let d = self.dict_object(1, &[(k_target, values[0]), (k_name, n)]);
-                    self.w64(slot, d);
+                    self.w64(obj.wrapping_add_signed(offset), d);
                 }
             }
             let key = self.int_object(ident);

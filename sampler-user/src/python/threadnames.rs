@@ -1,7 +1,8 @@
 //! Thread names from `threading._active`.
 //!
-//! Owns: a bounded reader of instance attributes (managed dicts: combined, split and inline
-//! values; dicts and ints are read through `objects`) — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
+//! Owns: a bounded reader of instance attributes (≤ 3.10 `tp_dictoffset` dicts, 3.11+
+//! managed dicts: combined, split and inline values; dicts and ints are read through
+//! `objects`) — just enough to follow `interp->imports.modules["threading"].__dict__["_active"]`
 //! → `{ident: Thread}` → `Thread._name`.
 //! Input: a [`Ctx`] and an interpreter address. Output: `pthread_t` → name.
 //! Constraints: every count is capped ([`MAX_DICT_ENTRIES`], names ≤ [`MAX_NAME_CHARS`] chars);
@@ -96,7 +97,8 @@ fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Resul
     Err(NameError::Missing(name))
 }
 
-/// The attribute `name` of a heap-type instance with a managed dict.
+/// The attribute `name` of a heap-type instance (its managed dict, or ≤ 3.10 its
+/// `tp_dictoffset` dict).
 fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, NameError> {
     let (mem, l) = (ctx.mem, ctx.layout);
     let ty = mem.read_u64(obj.wrapping_add(l.object.ob_type))?;
@@ -109,6 +111,30 @@ fn instance_attr(ctx: Ctx<'_>, obj: u64, name: &'static str) -> Result<u64, Name
             })
     };
     let items = match l.dict.managed_dict {
+        ManagedDict::TypeDictOffset => {
+            let off = mem.read_u64(ty.wrapping_add(l.types.tp_dictoffset))? as i64;
+            if off <= 0 || off > 1 << 16 {
+                return Err(NameError::Invalid {
+                    what: "tp_dictoffset",
+                    addr: ty,
+                });
+            }
+            match mem.read_u64(obj.wrapping_add_signed(off))? {
+                0 => return Err(NameError::Missing("instance dict")),
+                d => dict_items(ctx, d, MAX_DICT_ENTRIES)?,
+            }
+        }
+        ManagedDict::ValuesThenDict { values, dict } => {
+            let v = mem.read_u64(obj.wrapping_add_signed(values))?;
+            if v != 0 {
+                keys_items(ctx, cached_keys()?, Some(v), MAX_DICT_ENTRIES)?
+            } else {
+                match mem.read_u64(obj.wrapping_add_signed(dict))? {
+                    0 => return Err(NameError::Missing("instance dict")),
+                    d => dict_items(ctx, d, MAX_DICT_ENTRIES)?,
+                }
+            }
+        }
         ManagedDict::Tagged { offset } => {
             let w = mem.read_u64(obj.wrapping_add_signed(offset))?;
             if w & 1 == 1 {

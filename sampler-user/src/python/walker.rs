@@ -1,8 +1,9 @@
 //! The walk: runtime → interpreters → thread states → frames → code objects.
 //!
 //! Owns: [`walk`] and [`walk_frames`]. It knows no CPython versions: every offset and rule comes
-//! from the [`RuntimeLayout`] (3.12's `cframe` indirection, stackref tag masks, the shim-owner
-//! threshold and `prev_instr` semantics are layout fields).
+//! from the [`RuntimeLayout`] (the 3.11/3.12 `cframe` indirection, ≤ 3.10 `PyFrameObject`
+//! chains without owners, stackref tag masks, the shim-owner threshold and the instruction
+//! pointer semantics are layout fields).
 //! Input: a [`Ctx`] (memory, layout, target), the `_PyRuntime` address, the code cache.
 //! Output: [`RawInterp`]s with their [`RawThread`]s, innermost frame first; per-frame failures
 //! are counted in [`ErrorCounts`] and cost that frame only; a broken chain ends the stack with
@@ -211,10 +212,15 @@ fn walk_threads(
         };
         let attached = t.state.and_then(|off| field_u32(&buf, off)).map(|s| s == 1);
         let walked = walk_frames_with(ctx, frame, cache, counts, limits)?;
+        let thread_id = f64_(t.thread_id);
+        let native_thread_id = match t.native_thread_id {
+            Some(off) => f64_(off),
+            None => pthread_tid(ctx, thread_id).unwrap_or(0),
+        };
         threads.push(RawThread {
             tstate: ts,
-            native_thread_id: f64_(t.native_thread_id),
-            thread_id: f64_(t.thread_id),
+            native_thread_id,
+            thread_id,
             frames: walked.frames,
             items: walked.items,
             locals: walked.locals,
@@ -257,8 +263,12 @@ fn read_thread_list(
             return Ok((copies, false));
         }
         let back = field_u64(&buf, t.interp).unwrap_or(0);
-        let native = field_u64(&buf, t.native_thread_id).unwrap_or(u64::MAX);
-        if back != interp || native > PID_MAX_LIMIT {
+        // ≤ 3.10 has no `native_thread_id`: a `pthread_t` is never 0.
+        let plausible = match t.native_thread_id {
+            Some(off) => field_u64(&buf, off).is_some_and(|n| n <= PID_MAX_LIMIT),
+            None => field_u64(&buf, t.thread_id).is_some_and(|id| id != 0),
+        };
+        if back != interp || !plausible {
             return Ok((copies, false));
         }
         let next = field_u64(&buf, t.next).unwrap_or(0);
@@ -266,6 +276,17 @@ fn read_thread_list(
         ts = next;
     }
     Ok((copies, true))
+}
+
+/// The Linux TID of the thread whose `pthread_t` is `thread_id` (≤ 3.10 thread states have
+/// no `native_thread_id`): `pthread_t` is the address of the thread's `struct pthread`, whose
+/// `tid` field is at the offset glibc publishes for debuggers (`Target::pthread_tid`).
+pub fn pthread_tid(ctx: Ctx<'_>, thread_id: u64) -> Option<u64> {
+    let off = ctx.target.pthread_tid?;
+    let tid = ctx.mem.read_i32(thread_id.wrapping_add(off)).ok()?;
+    u64::try_from(tid)
+        .ok()
+        .filter(|&t| t != 0 && t <= PID_MAX_LIMIT)
 }
 
 /// Follows `previous` from `first`: Python frames innermost first, and whether the chain was
@@ -325,8 +346,8 @@ pub fn walk_frames_with(
             return Ok(out);
         }
         let previous = field_u64(&buf, f.previous).unwrap_or(0);
-        let owner = field_u8(&buf, f.owner).unwrap_or(u8::MAX);
-        if owner < f.first_shim_owner {
+        let owner = f.owner.map_or(Some(0), |o| field_u8(&buf, o));
+        if owner.is_some_and(|o| !f.is_shim_owner(o)) {
             let exec = field_u64(&buf, f.executable).unwrap_or(0);
             let instr = field_u64(&buf, f.instr_ptr).unwrap_or(0);
             let tlbc = f

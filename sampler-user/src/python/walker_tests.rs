@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use super::code::{CodeCache, Ctx};
 use super::errors::{ErrorCounts, ErrorKind};
+use super::layout::{GilAt, LineTableKind};
 use super::testimage::{CodeSpec, Flavor, ImageBuilder};
 use super::walker::{Limits, walk, walk_frames};
 use super::{GilState, PyThread, assemble};
@@ -91,8 +92,14 @@ fn build(flavor: Flavor) -> Built {
     let f_l1 = b.frame(level1, 3, f_run);
     let f_l2 = b.frame(level2, 2, f_l1);
     let shim_exec = shim | u64::from(b.layout().frame.stackref_tag_mask != 0);
-    let shim_instr = shim + b.layout().code.code_adaptive;
-    let f_shim = b.frame_raw(shim_exec, shim_instr, 0, f_l2, 0);
+    let shim_instr = b.instr_value(shim, 0);
+    // The shim exists from 3.13 (tolerated on 3.11/3.12 images); ≤ 3.10 line tables cannot
+    // express its "no location", so those images have none.
+    let f_shim = if b.layout().code.linetable_kind == LineTableKind::Locations {
+        b.frame_raw(shim_exec, shim_instr, 0, f_l2, 0)
+    } else {
+        f_l2
+    };
     let f_init = b.frame(init, 2, f_shim);
     let f_spin = b.frame(spin, 4, f_init);
     let main_ts = b.thread(101, MAIN_IDENT, main_top);
@@ -197,9 +204,10 @@ fn unreadable_gil_falls_back_to_the_thread_flag() {
         let mut built = build(flavor);
         let l = built.b.layout().clone();
         // `ceval.gil` pointing nowhere: the interpreter's GIL is unreadable.
-        built
-            .b
-            .w64(built.b.interp_addr() + l.interp.ceval_gil, 0x10);
+        let GilAt::Interpreter { ceval_gil, .. } = l.gil.at else {
+            unreachable!("3.13+ GILs are per interpreter")
+        };
+        built.b.w64(built.b.interp_addr() + ceval_gil, 0x10);
         let (threads, counts) = snapshot(&built.b, Limits::default());
         assert_eq!(
             (threads[1].gil, threads[0].gil),
@@ -254,7 +262,7 @@ fn every_314t_code_reference_is_tagged_and_masked() {
     let mem = b.memory();
     let raw = super::memory::ReadMemory::read_u64(&mem, f + l.frame.executable).unwrap();
     assert_eq!(raw & 3, 1, "the builder tags like 3.14t");
-    assert_eq!(l.frame.owner, 78);
+    assert_eq!(l.frame.owner, Some(78));
     assert_eq!(l.object.header_size, 32);
     assert_eq!(
         (

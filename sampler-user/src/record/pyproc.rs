@@ -22,6 +22,7 @@ use sampler_common::py_flags;
 use crate::collect::PyCaptured;
 use crate::merge::{EvalRanges, PyItem};
 use crate::profile::{Frame, FrameKind};
+use crate::python::layout::EntryRule;
 use crate::python::walker::code_from_executable;
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
 
@@ -132,8 +133,8 @@ pub struct PyProc {
     pub attached_at: Instant,
     /// When its exit was seen (caches are dropped a little later).
     pub exited_at: Option<Instant>,
-    /// Frames owned `>= first_shim_owner` are entry frames.
-    first_shim_owner: u8,
+    /// Which frames end an eval-loop activation (owners, `is_entry`, or every frame).
+    entry: EntryRule,
     /// `_PyStackRef` tag bits of `f_executable`.
     tag_mask: u64,
     /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
@@ -168,7 +169,7 @@ impl PyProc {
             ..PyProcStats::default()
         };
         PyProc {
-            first_shim_owner: l.frame.first_shim_owner,
+            entry: l.frame.entry,
             tag_mask: l.frame.stackref_tag_mask,
             has_base_frame: l.table.iter().any(|(n, _)| *n == "thread_state.base_frame"),
             process,
@@ -207,7 +208,7 @@ impl PyProc {
         }
         let mut unknown = false;
         for rec in &cap.frames {
-            if rec.owner >= self.first_shim_owner {
+            if matches!(self.entry, EntryRule::OwnerAtLeast(n) if rec.owner >= n) {
                 out.items.push(PyItem::Entry);
                 continue;
             }
@@ -220,6 +221,16 @@ impl PyProc {
                         table.intern(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
                     ));
                 }
+            }
+            // ≤ 3.11 has no entry frames: the outermost frame of each activation ends it
+            // (every frame up to 3.10; the one with `is_entry` set in 3.11).
+            let ends = match self.entry {
+                EntryRule::EveryFrame => true,
+                EntryRule::EntryFlag => rec.is_entry != 0,
+                EntryRule::OwnerAtLeast(_) => false,
+            };
+            if ends {
+                out.items.push(PyItem::Entry);
             }
         }
         // 3.15: a complete chain ends in the base frame right after the outermost entry frame;

@@ -143,7 +143,8 @@ fn capture(mem: &ProcessMemory, info: &PyProcInfo, tid: u64) -> PyCaptured {
             instr_ptr: word(frame, info.frame_instr_ptr),
             tlbc_index: 0,
             owner: owner[0],
-            _pad: [0; 3],
+            is_entry: 0,
+            _pad: [0; 2],
         });
         frame = word(frame, info.frame_previous);
     }

@@ -95,6 +95,7 @@ fn attach_error_kind(e: &PyError) -> Option<&'static str> {
     match e {
         PyError::NotPython { .. } => None,
         PyError::Unsupported { .. } => Some("python_unsupported"),
+        PyError::NotRecognised { .. } => Some("python_layout_not_recognised"),
         PyError::PermissionDenied { .. } => Some("python_attach_permission"),
         PyError::ProcessGone { .. } => Some("python_attach_gone"),
         PyError::Memory { .. } => Some("python_attach_memory"),

@@ -137,7 +137,7 @@ fn start_collector(
     let child = match &cfg.target {
         Target::Command(cmd) => {
             let spawn_err = |source| RecordError::Spawn {
-                command: cmd.join(" "),
+                command: crate::printable::printable(&cmd.join(" ")).into_owned(),
                 source,
             };
             let mut child = spawn::spawn_held(cmd, cfg.run_as.as_ref()).map_err(spawn_err)?;
@@ -175,7 +175,10 @@ impl Session {
             // The kernel walks their Python frames from the first drained samples on.
             tracker.wait_for(pids, Duration::from_secs(2));
             for (pid, why) in tracker.failures(pids) {
-                eprintln!("pyebpf: no Python frames for pid {pid}: {why}");
+                eprintln!(
+                    "pyebpf: no Python frames for pid {pid}: {}",
+                    crate::printable::printable(&why)
+                );
             }
         } else {
             tracker.tick(Instant::now());

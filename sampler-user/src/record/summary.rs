@@ -157,7 +157,11 @@ impl RecordSummary {
 /// `comm (pid) 3.12: N samples, N with a full Python stack, …`.
 fn proc_line(pid: Option<u32>, s: &PyProcStats, mismatches: u64) -> String {
     let mut out = match pid {
-        Some(pid) => format!("{} ({pid}) {}: ", s.comm, s.version),
+        Some(pid) => format!(
+            "{} ({pid}) {}: ",
+            crate::printable::printable(&s.comm),
+            s.version
+        ),
         None => String::new(),
     };
     let _ = write!(

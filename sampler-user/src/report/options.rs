@@ -104,7 +104,13 @@ fn echo(value: &str) -> String {
     let mut s: String = value
         .chars()
         .take(MAX_ECHO)
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            if crate::printable::is_unsafe(c) {
+                '?'
+            } else {
+                c
+            }
+        })
         .collect();
     if value.chars().count() > MAX_ECHO {
         s.push('…');

@@ -76,10 +76,16 @@ pub fn period_ns(rate_hz: u64) -> u64 {
         .map_or(1, |p| p.max(1))
 }
 
-/// Control characters as spaces.
+/// Unsafe characters ([`crate::printable::is_unsafe`]) as spaces.
 fn no_controls(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if crate::printable::is_unsafe(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -115,7 +121,7 @@ pub fn module_field(module: &str) -> String {
     let s: String = module
         .chars()
         .map(|c| {
-            if c.is_control() || c.is_whitespace() || c == '(' || c == ')' {
+            if crate::printable::is_unsafe(c) || c.is_whitespace() || c == '(' || c == ')' {
                 '_'
             } else {
                 c

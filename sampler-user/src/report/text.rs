@@ -29,11 +29,9 @@ const RED: &str = "\x1b[31m";
 const GREEN: &str = "\x1b[32m";
 const RESET: &str = "\x1b[0m";
 
-/// `s` with control characters replaced by `?`.
+/// `s` made printable ([`crate::printable`]).
 pub fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    crate::printable::printable(s).into_owned()
 }
 
 /// Writes the header lines.

@@ -69,11 +69,9 @@ impl Label {
     }
 }
 
-/// `s` with every control character replaced by `?`.
+/// `s` made printable ([`crate::printable`]).
 pub fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    crate::printable::printable(s).into_owned()
 }
 
 /// One row of the function view.

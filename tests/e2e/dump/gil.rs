@@ -140,3 +140,36 @@ fn gil_disabled_3_13t() {
 fn gil_disabled_3_13t_static() {
     gil_disabled("3.13t-static");
 }
+
+// CPython 3.8–3.11 (issue 10): the GIL is `_PyRuntime.ceval.gil`, one per process.
+#[test]
+fn gil_holder_3_8() {
+    gil_holder("3.8", &[]);
+}
+
+#[test]
+fn gil_holder_3_9() {
+    gil_holder("3.9", &[]);
+}
+
+#[test]
+fn gil_holder_3_10() {
+    gil_holder("3.10", &[]);
+}
+
+#[test]
+fn gil_holder_3_11() {
+    gil_holder("3.11", &[]);
+}
+
+/// Debian 12's own `/usr/bin/python3.11`: static, non-PIE, stripped (its `python3.11-dbg` debug file installed).
+#[test]
+fn gil_holder_3_11_debian_static() {
+    gil_holder("3.11-debian", &[]);
+}
+
+/// Debian 11's python3.9 in a debootstrapped bullseye root (its own libraries, run chrooted).
+#[test]
+fn gil_holder_3_9_bullseye_root() {
+    gil_holder("3.9-bullseye", &[]);
+}

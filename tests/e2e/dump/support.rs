@@ -145,9 +145,11 @@ impl Workload {
     }
 
     /// A frame of the workload script: `function` at the line tagged `line`, defined at `def`.
+    /// `function` is the qualified name; before 3.11 (no `co_qualname`) pyebpf shows the plain
+    /// name, its last component.
     pub fn frame(&self, function: &str, line: &str, def: &str) -> Frame {
         Frame {
-            function: function.to_string(),
+            function: shown_name(&self.ready, function).to_string(),
             file: self.script.clone(),
             line: self.line(line),
             first_line: self.line(def),
@@ -458,6 +460,20 @@ pub fn thread<'a>(dump: &'a Value, name: &str) -> &'a Value {
         "expected one thread named {name:?} in the dump:\n{dump:#}"
     );
     found[0]
+}
+
+/// How pyebpf names a function whose qualified name is `qualname` in the interpreter that wrote
+/// `ready`: the qualified name from 3.11 on, the plain `co_name` before.
+pub fn shown_name<'a>(ready: &Value, qualname: &'a str) -> &'a str {
+    let minor: u32 = ready["version"]
+        .as_str()
+        .and_then(|v| v.split('.').nth(1)?.parse().ok())
+        .unwrap_or(99);
+    if minor >= 11 {
+        qualname
+    } else {
+        qualname.rsplit('.').next().unwrap_or(qualname)
+    }
 }
 
 /// The frames of a dumped thread.

@@ -266,3 +266,37 @@ fn all_three_interpreters_svg_flame_graph() {
         );
     }
 }
+
+/// Issue 10: Debian 11's 3.9 (bullseye root), Debian 12's static 3.11, 3.12 and 3.13t spinning
+/// at once under `record --all`: each process's samples carry its own exact stack (four layout
+/// families in one run: `PyFrameObject` matched by `pthread_t`, 3.11's `cframe`, 3.12, and
+/// free-threaded 3.13).
+#[test]
+fn all_four_layout_families_at_once() {
+    const FAMILIES: [&str; 4] = ["3.9-bullseye", "3.11-debian", "3.12", "3.13t"];
+    let Some(interps) = FAMILIES
+        .iter()
+        .map(|n| setup(n))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return;
+    };
+    let spinners: Vec<Spinner> = interps.iter().map(Spinner::start).collect();
+    let dir = OutDir::new("all-families");
+    let out = dir.join("all.txt");
+    let args = ["--all", "-f", "collapsed", "-d", "5"];
+    let mut child = record_spawn(&args, &out);
+    wait_sampling(&mut child);
+    let o = child.wait_with_output().unwrap();
+    let rec = finish(&o, &args, &out);
+    for (sp, interp) in spinners.iter().zip(&interps) {
+        let root = format!("{} ({})", comm(sp.w.pid), sp.w.pid);
+        check_spinner(
+            &rec,
+            &format!("--all: {}", interp.name),
+            sp.w.pid,
+            &root,
+            &sp.expected,
+        );
+    }
+}

@@ -184,3 +184,36 @@ fn number_before(line: &str, word: &str) -> Option<f64> {
     let at = line.find(word)?;
     line[..at].split_whitespace().next_back()?.parse().ok()
 }
+
+// CPython 3.8–3.11 (issue 10): the process-wide GIL of `_PyRuntime.ceval.gil`.
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_8() {
+    gil_keeps_only_the_holder("3.8", &[]);
+}
+
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_9() {
+    gil_keeps_only_the_holder("3.9", &[]);
+}
+
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_10() {
+    gil_keeps_only_the_holder("3.10", &[]);
+}
+
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_11() {
+    gil_keeps_only_the_holder("3.11", &[]);
+}
+
+/// Debian 12's own `/usr/bin/python3.11`: static, non-PIE, stripped (its `python3.11-dbg` debug file installed).
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_11_debian_static() {
+    gil_keeps_only_the_holder("3.11-debian", &[]);
+}
+
+/// Debian 11's python3.9 in a debootstrapped bullseye root (its own libraries, run chrooted).
+#[test]
+fn gil_keeps_only_the_thread_holding_the_gil_3_9_bullseye_root() {
+    gil_keeps_only_the_holder("3.9-bullseye", &[]);
+}

@@ -224,3 +224,37 @@ fn native_merge_python_c_python_3_15_static_stripped() {
 fn native_merge_python_c_python_3_14_stripped_without_debug_file() {
     native_merge("3.14", false, Launch::HideDebugFiles);
 }
+
+// CPython 3.8–3.11 (issue 10): every Python frame is its own eval-loop call up to 3.10; 3.11
+// marks the first frame of each call `is_entry`.
+#[test]
+fn native_merge_python_c_python_3_8() {
+    native_merge("3.8", true, Launch::Plain);
+}
+
+#[test]
+fn native_merge_python_c_python_3_9() {
+    native_merge("3.9", true, Launch::Plain);
+}
+
+#[test]
+fn native_merge_python_c_python_3_10() {
+    native_merge("3.10", true, Launch::Plain);
+}
+
+#[test]
+fn native_merge_python_c_python_3_11() {
+    native_merge("3.11", true, Launch::Plain);
+}
+
+/// Debian 12's own `/usr/bin/python3.11`: static, non-PIE, stripped (its `python3.11-dbg` debug file installed).
+#[test]
+fn native_merge_python_c_python_3_11_debian_static() {
+    native_merge("3.11-debian", true, Launch::Plain);
+}
+
+/// Debian 11's python3.9 in a debootstrapped bullseye root (its own libraries, run chrooted).
+#[test]
+fn native_merge_python_c_python_3_9_bullseye_root() {
+    native_merge("3.9-bullseye", true, Launch::Plain);
+}

@@ -244,3 +244,37 @@ fn free_threaded_four_threads_show_only_their_own_function_3_13t() {
         );
     }
 }
+
+// CPython 3.8–3.11 (issue 10): `PyFrameObject` chains (≤ 3.10, thread states matched by
+// `pthread_t` against the task's fsbase) and 3.11's `_PyInterpreterFrame` through `cframe`.
+#[test]
+fn deep_stack_3_8() {
+    deep_stack("3.8");
+}
+
+#[test]
+fn deep_stack_3_9() {
+    deep_stack("3.9");
+}
+
+#[test]
+fn deep_stack_3_10() {
+    deep_stack("3.10");
+}
+
+#[test]
+fn deep_stack_3_11() {
+    deep_stack("3.11");
+}
+
+/// Debian 12's own `/usr/bin/python3.11`: static, non-PIE, stripped (its `python3.11-dbg` debug file installed).
+#[test]
+fn deep_stack_3_11_debian_static() {
+    deep_stack("3.11-debian");
+}
+
+/// Debian 11's python3.9 in a debootstrapped bullseye root (its own libraries, run chrooted).
+#[test]
+fn deep_stack_3_9_bullseye_root() {
+    deep_stack("3.9-bullseye");
+}

@@ -37,7 +37,8 @@ def stack_of(ident):
         code = frame.f_code
         frames.append(
             {
-                "function": code.co_qualname,
+                # co_qualname exists from 3.11; before, pyebpf shows the plain co_name too.
+                "function": getattr(code, "co_qualname", code.co_name),
                 "file": code.co_filename,
                 "line": frame.f_lineno,
                 "first_line": code.co_firstlineno,
