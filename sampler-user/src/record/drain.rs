@@ -123,6 +123,7 @@ pub fn start(
     let handle = std::thread::Builder::new()
         .name("pyebpf-drain".into())
         .spawn(move || {
+            raise_priority();
             let r = run(&mut collector, &tx, &shared);
             (collector, r)
         })
@@ -139,6 +140,25 @@ pub fn start(
         rx,
         backlog,
     )
+}
+
+/// Nice value of the drain thread: it runs for microseconds per batch, and on a loaded host it
+/// must not wait behind CPU-bound tasks while the ring fills.
+const DRAIN_NICE: i32 = -10;
+
+/// Lowers the calling thread's nice value (Linux applies `setpriority` on a thread id to that
+/// thread only); without the privilege it stays as it was.
+fn raise_priority() {
+    // SAFETY: gettid and setpriority have no memory preconditions.
+    unsafe {
+        let tid = libc::gettid();
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DRAIN_NICE) != 0 {
+            tracing::debug!(
+                "drain thread priority unchanged: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 /// What the drain thread shares with its handle.
