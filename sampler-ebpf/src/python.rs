@@ -6,12 +6,16 @@
 //! (thread state, GIL words, raw frame records innermost first, `py_flags`), the `PY_TSTATES`
 //! cache, and the `Py*` counters.
 //!
-//! Chain (cpython-layouts §3): `*(runtime + interpreters_head)` → `*(interp + threads_head)` →
-//! `next`…, then `*(interp + interp_next)` and its threads, … (every interpreter, newest
-//! first), matching `native_thread_id` against the tid *as the target sees it* (its pid
-//! namespace, gotcha 12) → top frame `*(tstate + current_frame)` (3.12: through `cframe`) →
-//! `previous`…. Frames are recorded raw (stackref tags, owners ≥ 3 and the `__init__` shim
-//! included): user space masks, filters and resolves them.
+//! Chain (`docs/cpython-layouts.md` §3, 3.8–3.15): `*(runtime + interpreters_head)` →
+//! `*(interp + threads_head)` → `next`…, then `*(interp + interp_next)` and its threads, …
+//! (every interpreter, newest first), matching the sampled thread (§7.1: 3.11+
+//! `native_thread_id` against the tid *as the target sees it*, in its pid namespace; ≤ 3.10
+//! `thread_id`, the `pthread_t`, against the task's `thread.fsbase`) → top frame
+//! `*(tstate + current_frame)` (3.11/3.12: through `cframe`) → `previous`…. A frame is one read of
+//! `frame_read_bytes` (a ≤ 3.10 `PyFrameObject` up to `f_lasti`, or an `_PyInterpreterFrame`
+//! header); absent fields (`owner` before 3.11, `is_entry` but in 3.11) are recorded as 0.
+//! Frames are recorded raw (stackref tags, owners ≥ 3 and the `__init__` shim included): user
+//! space masks, filters and resolves them.
 //!
 //! Sub-interpreters: a thread can have a thread state in several interpreters. The first match
 //! with a frame wins; a match without one (3.12's `_xxsubinterpreters` keeps a sub-interpreter's

@@ -2,7 +2,8 @@
 //!
 //! Owns: the invoking user ([`invoking_user`]: `SUDO_UID`/`SUDO_GID` when root runs us through
 //! `sudo`, else our own real ids), which owns the files we write and runs `record -- COMMAND`;
-//! and dropping the capabilities a run no longer needs ([`drop_after_attach`]).
+//! and dropping the capabilities a run no longer needs once it is attached
+//! ([`drop_capabilities`], the kept ones in [`cap`]).
 //! Input: the environment and our credentials. Output: a [`User`]; capability sets changed.
 
 /// A user and its primary group.
@@ -87,4 +88,143 @@ pub fn groups_of(user: User) -> Vec<libc::gid_t> {
             return vec![user.gid];
         }
     }
+}
+
+/// Capabilities (`include/uapi/linux/capability.h`).
+pub mod cap {
+    /// Give files to the `sudo` user.
+    pub const CHOWN: u32 = 0;
+    /// Create and rename output files in any directory root may write.
+    pub const DAC_OVERRIDE: u32 = 1;
+    /// Read the targets' executables, libraries and debug files wherever they are.
+    pub const DAC_READ_SEARCH: u32 = 2;
+    /// Stop `-- COMMAND` running as another user (SIGINT, SIGTERM, SIGKILL).
+    pub const KILL: u32 = 5;
+    /// Read the memory, maps and root of processes of every user (`process_vm_readv`,
+    /// `/proc/PID/{mem,maps,root}`).
+    pub const SYS_PTRACE: u32 = 19;
+    /// Read kernel symbol addresses from `/proc/kallsyms` (`--kernel`).
+    pub const SYSLOG: u32 = 34;
+    /// Open `/proc/PID/map_files/*`: the mapped file itself, also when it was deleted or
+    /// replaced, or lives in another mount namespace.
+    pub const CHECKPOINT_RESTORE: u32 = 40;
+    /// Names for messages.
+    pub const NAMES: [(u32, &str); 7] = [
+        (CHOWN, "CAP_CHOWN"),
+        (DAC_OVERRIDE, "CAP_DAC_OVERRIDE"),
+        (DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
+        (KILL, "CAP_KILL"),
+        (SYS_PTRACE, "CAP_SYS_PTRACE"),
+        (SYSLOG, "CAP_SYSLOG"),
+        (CHECKPOINT_RESTORE, "CAP_CHECKPOINT_RESTORE"),
+    ];
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+/// `SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+/// SECBIT_NO_SETUID_FIXUP_LOCKED`: uid 0 gains no capability from an `execve`.
+const SECURE_NOROOT: libc::c_ulong = 0x0f;
+
+/// The kept set, low and high word, for the signal handler of the other threads.
+static KEEP: [std::sync::atomic::AtomicU32; 2] = [
+    std::sync::atomic::AtomicU32::new(0),
+    std::sync::atomic::AtomicU32::new(0),
+];
+
+/// Lowers the calling thread's capability sets to [`KEEP`] (async-signal-safe: two syscalls).
+fn apply_to_this_thread() -> bool {
+    use std::sync::atomic::Ordering;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let word = |i: usize| {
+        let k = KEEP[i].load(Ordering::Relaxed);
+        Data {
+            effective: k,
+            permitted: k,
+            inheritable: 0,
+        }
+    };
+    let header = Header {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let data = [word(0), word(1)];
+    // SAFETY: prctl and capset with valid pointers to our own structs.
+    unsafe {
+        libc::prctl(libc::PR_SET_SECUREBITS, SECURE_NOROOT, 0, 0, 0);
+        libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()) == 0
+    }
+}
+
+extern "C" fn on_drop_signal(_: libc::c_int) {
+    apply_to_this_thread();
+}
+
+/// The effective capability mask of a thread of ours, from `/proc/self/task/TID/status`.
+fn effective_of(tid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// Drops every capability but `keep`, in every thread of the process (capabilities belong to
+/// threads: the others are signalled to drop theirs and checked through `/proc`), and makes an
+/// `execve` grant root no capability back. Called once the eBPF programs are attached and the
+/// targets opened: what is kept is what reading targets, stopping the command and writing the
+/// outputs still need (see [`cap`]).
+pub fn drop_capabilities(keep: &[u32]) -> std::io::Result<()> {
+    use std::sync::atomic::Ordering;
+    // Only what we have: asking to keep a capability we lack is EPERM.
+    let permitted = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let mask: u64 = keep.iter().fold(0, |m, &c| m | (1u64 << c)) & permitted;
+    KEEP[0].store(mask as u32, Ordering::Relaxed);
+    KEEP[1].store((mask >> 32) as u32, Ordering::Relaxed);
+    let sig = libc::SIGRTMAX() - 3;
+    // SAFETY: a handler that makes two syscalls; SA_RESTART so blocking calls of the other
+    // threads resume.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_drop_signal as *const () as usize;
+        libc::sigemptyset(&raw mut sa.sa_mask);
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(sig, &raw const sa, std::ptr::null_mut());
+    }
+    if !apply_to_this_thread() {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    for _ in 0..50 {
+        let pending: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|tid| effective_of(tid).is_some_and(|eff| eff & !mask != 0))
+            .filter_map(|tid| tid.parse().ok())
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        for tid in pending {
+            // SAFETY: signalling a thread of our own process.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(std::io::Error::other(
+        "a thread kept its capabilities after 50 requests",
+    ))
 }

@@ -589,3 +589,194 @@ fn issue15_sighup_double_ctrl_c_and_sigkill_keep_complete_files() {
         let _ = std::fs::remove_dir_all(private_dir(d));
     }
 }
+
+/// CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, SYS_PTRACE, CHECKPOINT_RESTORE.
+const KEPT_CAPS: u64 = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 19) | (1 << 40);
+
+#[test]
+fn issue15_capabilities_are_dropped_after_attach() {
+    let Some(interp) = crate::common::require_interpreter("3.12") else {
+        return;
+    };
+    let w = crate::pyrecord::support::Workload::start(&interp, "rec_spin.py", &[], &[]);
+    let d = private_dir("caps");
+    let out = d.join("caps.txt");
+    let mut c = pyebpf(&["record", "-q", "-p", &w.pid.to_string(), "-d", "4", "-o"]);
+    c.arg(&out).stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut caps = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+        let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+            .unwrap();
+        caps.push(eff);
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(caps.len() >= 2, "threads: {caps:x?}");
+    for eff in &caps {
+        assert_eq!(*eff, KEPT_CAPS, "a thread kept {eff:#x}: {caps:x?}");
+    }
+    // Python frames were still read (ptrace kept), and the program's sizes still reported.
+    let folded = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        folded.contains(";spin ("),
+        "no Python frame after the drop:\n{folded}"
+    );
+    assert!(!err.contains(" 0 bytes JIT-compiled"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn issue15_command_runs_as_the_sudo_user_and_is_stopped() {
+    if !require_root() {
+        return;
+    }
+    let d = shared_dir("cmd", 0o777);
+    let report = d.join("who");
+    let script = format!(
+        "id -u > {0}; id -g >> {0}; echo \"$HOME\" >> {0}",
+        report.display()
+    );
+    let sudo = |c: &mut Command| {
+        c.env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .env("SUDO_USER", "nobody");
+    };
+    let out = d.join("cmd.txt");
+    let mut c = pyebpf(&[
+        "record",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    sudo(&mut c);
+    let o = run_within(&mut c, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let who = std::fs::read_to_string(&report).unwrap();
+    let home = std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("nobody:"))
+        .map(|rest| rest.split(':').nth(4).unwrap().to_string())
+        .unwrap();
+    assert_eq!(
+        who,
+        format!("65534\n65534\n{home}\n"),
+        "the command's identity"
+    );
+    assert!(text(&o.stderr).contains("the command exited with status 0"));
+    // --as-root keeps root.
+    let mut c = pyebpf(&[
+        "record",
+        "-q",
+        "--as-root",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    sudo(&mut c);
+    let o = run_within(&mut c, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        std::fs::read_to_string(&report)
+            .unwrap()
+            .starts_with("0\n0\n")
+    );
+    // Stopped by -d: the command gets SIGINT (its trap runs) and is gone afterwards.
+    let marker = d.join("got-int");
+    let trap = format!(
+        "trap 'echo INT > {}; exit 7' INT; while :; do sleep 0.05; done",
+        marker.display()
+    );
+    let o = run_within(
+        &mut pyebpf(&[
+            "record",
+            "-q",
+            "-d",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &trap,
+        ]),
+        Duration::from_secs(30),
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "INT\n");
+    assert!(err.contains("the command exited with status 7"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn issue15_names_of_the_wrong_type_read_invalid_and_are_counted() {
+    let Some(interp) = crate::common::require_interpreter("3.12") else {
+        return;
+    };
+    let w = crate::pyrecord::support::Workload::start(&interp, "wrong_type.py", &[], &[]);
+    let pid = w.pid.to_string();
+    let o = run_within(&mut pyebpf(&["dump", "-p", &pid]), Duration::from_mins(1));
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(out.contains("    <invalid> ("), "{out}");
+    assert!(out.contains("wrong_type="), "not counted:\n{out}");
+    assert!(!out.contains("1234567891011"), "{out}");
+    let d = private_dir("wrong-type");
+    let txt = d.join("w.txt");
+    let o = run_within(
+        pyebpf(&["record", "-q", "-p", &pid, "-d", "2", "-o"]).arg(&txt),
+        Duration::from_mins(1),
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let folded = std::fs::read_to_string(&txt).unwrap();
+    assert!(folded.contains(";<invalid> ("), "{folded}");
+    assert!(err.contains("python_wrong_type"), "not counted:\n{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn issue15_p_ends_when_its_targets_exit() {
+    if !require_root() {
+        return;
+    }
+    let d = private_dir("p-ends");
+    let out = d.join("p.txt");
+    // Without -d: the run ends with its target.
+    let mut short = Command::new("sleep").arg("2").spawn().unwrap();
+    let t0 = Instant::now();
+    let o = run_within(
+        &mut pyebpf(&[
+            "record",
+            "-q",
+            "-p",
+            &short.id().to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ]),
+        Duration::from_secs(20),
+    );
+    let _ = short.wait();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "record -p outlived its target"
+    );
+    assert!(text(&o.stderr).contains("Wrote collapsed stacks"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -161,6 +161,9 @@ pub struct Collector {
     malformed: u64,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (closing it turns stats off).
     stats: Option<OwnedFd>,
+    /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
+    /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
+    sizes: Option<ProgramStats>,
 }
 
 impl Collector {
@@ -245,6 +248,11 @@ impl Collector {
             ring_bytes,
             malformed: 0,
             stats,
+            sizes: None,
+        })
+        .map(|mut c| {
+            c.sizes = c.program_stats();
+            c
         })
     }
 
@@ -355,14 +363,22 @@ impl Collector {
         let program: &PerfEvent = self.ebpf.program(programs::SAMPLE)?.try_into().ok()?;
         let info = program.info().ok()?;
         let enabled = self.stats.is_some();
-        Some(ProgramStats {
+        let mut stats = ProgramStats {
             run_time_ns: enabled
                 .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
             run_count: enabled.then(|| info.run_count()),
             translated_insns: info.size_translated().unwrap_or(0) / 8,
             jited_bytes: info.size_jitted(),
             verified_insns: info.verified_instruction_count(),
-        })
+        };
+        if let Some(at_attach) = &self.sizes
+            && stats.jited_bytes == 0
+        {
+            stats.translated_insns = at_attach.translated_insns;
+            stats.jited_bytes = at_attach.jited_bytes;
+            stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
+        }
+        Some(stats)
     }
 
     /// Number of CPUs being sampled.

@@ -6,7 +6,7 @@
 //! address is frame-based (Debian 3.14: `rbp+16`), never the `rsp+8` of a function entry. The
 //! parent reaches it with plain jumps (`jmp`/`jcc rel32`), not calls. So: every rel32 jump of
 //! the exported hot part whose target lies in such a *fragment* FDE names a piece of the eval
-//! loop (cpython-layouts §11: Debian's 3.14 jumps from `0x598b92` to its `.cold` at `0x43fb58`).
+//! loop (docs/cpython-layouts.md §9: Debian's 3.14 jumps from `0x598b92` to its `.cold` at `0x43fb58`).
 //!
 //! Owns: the FDE list of a `.eh_frame` section with the CFA rule at each FDE's first address
 //! (read with gimli) and the jump scan. Input: the section bytes and the function's bytes.

@@ -11,7 +11,7 @@
 //! addresses), turned into absolute [`EvalRanges`] per process with its load bias.
 //! Constraints: files are untrusted: tables are bounded ([`MAX_TABLE`]); no panics. Why the
 //! pieces matter: Debian's 3.14/3.15 run their bytecode handlers in a `.cold` part 1.4 MB below
-//! the hot symbol, and only the debug file names it (cpython-layouts §11).
+//! the hot symbol, and only the debug file names it (docs/cpython-layouts.md §9).
 
 use std::fmt::Write as _;
 use std::fs::File;

@@ -7,7 +7,7 @@
 //! Output: the mixed stack, root first, and a [`MergeOutcome`].
 //!
 //! The rule. Every activation of `_PyEval_EvalFrameDefault` pushes one entry frame (owner ≥ 3,
-//! cpython-layouts §3.4) below the frames it runs, so the captured chain splits at entry frames
+//! docs/cpython-layouts.md §3.4) below the frames it runs, so the captured chain splits at entry frames
 //! into groups, one per activation, the entry frame being the bottom of its group. The native
 //! stack has one eval-loop frame per activation (the `.cold` parts run on the same frame; a
 //! `.part`/`.isra`/`.constprop` clone that the main symbol *calls* is a second native frame of

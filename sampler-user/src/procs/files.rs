@@ -1,6 +1,6 @@
 //! Opening the file behind a mapping, and file identity.
 //!
-//! Owns: the open order of cpython-layouts §1.2 and [`FileId`], the cache key every stage uses
+//! Owns: the open order of docs/cpython-layouts.md §1.2 and [`FileId`], the cache key every stage uses
 //! for per-file data (unwind sections, symbols, Python layouts).
 //! Input: a pid and one of its [`Mapping`]s.
 //! Output: an open `File` whose inode was checked against the mapping, and its [`FileId`].

@@ -50,7 +50,7 @@ pub struct Mapping {
     pub dev: (u32, u32),
     /// Inode of the mapped file; 0 for anonymous mappings.
     pub inode: u64,
-    /// The path column as printed (relative to the *reader's* root, see cpython-layouts §1.2),
+    /// The path column as printed (relative to the *reader's* root, see docs/cpython-layouts.md §1.2),
     /// including pseudo-paths such as `[vdso]` and a trailing ` (deleted)`. `None` when empty.
     pub path: Option<PathBuf>,
 }

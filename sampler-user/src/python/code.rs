@@ -10,7 +10,7 @@
 //! [`MAX_LINETABLE`], bytecode ≤ [`MAX_CODE_UNITS`]; at most [`MAX_CACHED_CODES`] entries.
 //! Fields: `PyCodeObject` in `Include/cpython/code.h`
 //! (<https://github.com/python/cpython/blob/v3.14.0/Include/cpython/code.h>); TLBC:
-//! `_PyCodeArray` in the same header (free-threaded only); cpython-layouts §3.3, §3.4, §5.5.
+//! `_PyCodeArray` in the same header (free-threaded only); docs/cpython-layouts.md §3.3, §3.4, §5.5.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,8 +21,9 @@ use super::layout::{InstrKind, RuntimeLayout};
 use super::linetable::line_at_kind;
 use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
+use super::objects::Known;
 use super::objects::KnownObjects;
-use super::unicode::{StrError, read_bytes, read_str};
+use super::unicode::{StrError, check_type, read_bytes_typed, read_str_typed};
 
 pub const MAX_NAME_CHARS: usize = 1024;
 pub const MAX_FILE_CHARS: usize = 4096;
@@ -57,11 +58,26 @@ impl From<StrError> for CodeError {
     fn from(e: StrError) -> CodeError {
         match e {
             StrError::Memory(m) => CodeError::Memory(m),
-            StrError::Invalid { addr, .. } => CodeError::Bad {
+            StrError::Invalid { addr, .. } | StrError::WrongType { addr, .. } => CodeError::Bad {
                 addr,
                 what: "string field",
             },
         }
+    }
+}
+
+/// What a code object's name or file reads as when it points at an object of another type.
+pub const INVALID_NAME: &str = "<invalid>";
+
+/// `read`'s value; a field of the wrong type is `invalid` (and `wrong` is set): a corrupted
+/// object never turns into garbage text.
+fn typed_field<T>(read: Result<T, StrError>, invalid: T, wrong: &mut bool) -> Result<T, CodeError> {
+    match read {
+        Err(StrError::WrongType { .. }) => {
+            *wrong = true;
+            Ok(invalid)
+        }
+        other => Ok(other?),
     }
 }
 
@@ -89,6 +105,9 @@ pub struct CodeInfo {
     /// The object lives inside the interpreter's own ELF image (static code, e.g. the
     /// `__init__` shim `_Py_InitCleanup`).
     pub in_image: bool,
+    /// A name, file or line table pointed at an object of another type (shown as
+    /// [`INVALID_NAME`]); counted as `wrong_type` on every use.
+    pub wrong_type: bool,
     fingerprint: Fingerprint,
 }
 
@@ -209,8 +228,10 @@ impl CodeCache {
             }
             counts.add(ErrorKind::CodeCacheStale);
         }
+        let mut wrong_type = false;
         let code_units = if c.co_code.is_some() {
             // ≤ 3.10: `co_code` is a `bytes` object of 2-byte code units.
+            check_type(ctx, fp.ob_size, Known::Bytes)?;
             let len = mem.read_u64(fp.ob_size.wrapping_add(layout.bytes.ob_size))?;
             if len == 0 || len % 2 != 0 || len / 2 > MAX_CODE_UNITS {
                 return Err(CodeError::Bad {
@@ -223,10 +244,23 @@ impl CodeCache {
             fp.ob_size
         };
         let info = Arc::new(CodeInfo {
-            qualname: read_str(mem, layout, fp.qualname, MAX_NAME_CHARS)?,
-            filename: read_str(mem, layout, fp.filename, MAX_FILE_CHARS)?,
+            qualname: typed_field(
+                read_str_typed(ctx, fp.qualname, MAX_NAME_CHARS),
+                INVALID_NAME.to_string(),
+                &mut wrong_type,
+            )?,
+            filename: typed_field(
+                read_str_typed(ctx, fp.filename, MAX_FILE_CHARS),
+                INVALID_NAME.to_string(),
+                &mut wrong_type,
+            )?,
             firstlineno: fp.firstlineno as i32,
-            linetable: read_bytes(mem, layout, fp.linetable, MAX_LINETABLE)?,
+            linetable: typed_field(
+                read_bytes_typed(ctx, fp.linetable, MAX_LINETABLE),
+                Vec::new(),
+                &mut wrong_type,
+            )?,
+            wrong_type,
             code_units,
             in_image: target.in_image(addr),
             fingerprint: fp,
@@ -293,6 +327,9 @@ pub fn resolve(
 ) -> Result<Resolved, CodeError> {
     let layout = ctx.layout;
     let info = cache.get(ctx, code_addr, counts)?;
+    if info.wrong_type {
+        counts.add(ErrorKind::WrongType);
+    }
     // The byte offset of the instruction, and the lowest value a frame can hold: 3.11/3.12
     // `prev_instr` is the last executed unit (`base - 2` before the first one) and ≤ 3.10
     // `f_lasti` is -1 then; both are used as is, like `PyCode_Addr2Line` does (§3.3).
@@ -386,5 +423,42 @@ mod tests {
         ));
         cache.set_generation(1);
         assert!(cache.is_empty());
+    }
+
+    /// A name pointing at an object of another type reads `<invalid>` and is counted on
+    /// every use, never decoded (issue 15).
+    #[test]
+    fn names_of_the_wrong_type_are_invalid_and_counted() {
+        for flavor in Flavor::ALL {
+            let mut b = ImageBuilder::new(flavor);
+            let code = b.code(&CodeSpec::simple("f", "/a.py", 10, &[(10, 4), (11, 4)]));
+            let not_a_str = b.bytes_object(b"\x1b]0;garbage\x07");
+            let (layout, target) = (b.layout().clone(), b.target());
+            let mut mem = b.memory();
+            let name_field = layout.code.qualname.unwrap_or(layout.code.name);
+            for field in [name_field, layout.code.filename] {
+                mem.bytes_mut(code + field, 8)
+                    .unwrap()
+                    .copy_from_slice(&not_a_str.to_le_bytes());
+            }
+            let ctx = Ctx {
+                mem: &mem,
+                layout: &layout,
+                target: &target,
+            };
+            let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
+            // The second code unit: `f_lasti` 1 (≤ 3.10), or a pointer into the bytecode.
+            let ip = match layout.frame.instr {
+                InstrKind::Lasti { .. } => 1,
+                _ => code + layout.code.code_adaptive.unwrap_or(0) + 2,
+            };
+            for _ in 0..3 {
+                let r = resolve(ctx, &mut cache, &mut counts, code, ip, 0).unwrap();
+                assert_eq!(r.frame.function, INVALID_NAME, "{flavor:?}");
+                assert_eq!(r.frame.file, INVALID_NAME, "{flavor:?}");
+                assert_eq!(r.frame.line, 10, "the line table is still read");
+            }
+            assert_eq!(counts.get(ErrorKind::WrongType), 3, "{flavor:?}");
+        }
     }
 }

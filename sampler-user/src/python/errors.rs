@@ -100,10 +100,13 @@ pub enum ErrorKind {
     LocalsUnreadable,
     /// A value (or an item of a container) could not be read: shown as `<unreadable>`.
     ValueUnreadable,
+    /// An object read as a `str`, `bytes` or `int` (a name, a line table, a thread id) had
+    /// another type: shown as `<invalid>` (or dropped), never decoded as garbage.
+    WrongType,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
@@ -120,6 +123,7 @@ impl ErrorKind {
         ErrorKind::ThreadNames,
         ErrorKind::LocalsUnreadable,
         ErrorKind::ValueUnreadable,
+        ErrorKind::WrongType,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +144,7 @@ impl ErrorKind {
             ErrorKind::ThreadNames => "thread_names",
             ErrorKind::LocalsUnreadable => "locals_unreadable",
             ErrorKind::ValueUnreadable => "value_unreadable",
+            ErrorKind::WrongType => "wrong_type",
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The facts `_Py_DebugOffsets` does not carry, and the one `match` on the CPython version.
 //!
 //! Owns: [`version_facts`], keyed by (minor, free-threaded): where the field list of the
-//! debug offsets comes from (or the built-in 3.12 table), frame and stackref semantics,
+//! debug offsets comes from (or the built-in 3.8–3.12 tables), frame kinds (≤ 3.10
+//! `PyFrameObject` with `f_lasti`, `_PyInterpreterFrame` with `prev_instr`/`instr_ptr`), which
+//! frames end an eval-loop activation, the line-table format, stackref semantics,
 //! `holds_gil`/`state` locations, the Unicode `state` bit layout, managed-dict and
 //! `PyDictValues` layouts, the `_PyCodeArray` entries offset.
 //! Input: a version. Output: [`VersionFacts`], or `Unsupported` for an unknown minor version.
 //! Constraints: this is the only place that matches on a version (style rule 5); everything
 //! else reads the [`RuntimeLayout`](super::layout::RuntimeLayout) built from these facts.
-//! Sources: cpython-layouts.md §2.4, §3.4, §5.2, §5.4, §5.5, §6, §7; CPython v3.14.0
+//! Sources: docs/cpython-layouts.md §2, §3.4, §5.2, §5.4, §5.5, §6, §7; CPython v3.14.0
 //! `Include/cpython/unicodeobject.h` (free-threaded `unsigned char interned`, then the bit
 //! fields), `Include/cpython/code.h` (`_PyCodeArray { Py_ssize_t size; char *entries[]; }`),
 //! `Include/internal/pycore_stackref.h` (`Py_TAG_BITS` 3, `PyStackRef_NULL` bits 1).
@@ -149,7 +151,7 @@ const UNICODE_BITS_FT314: (u32, u32, u32) = (8, 11, 12);
 /// `unicodedata.unidata_version` of 3.15 (as the interpreter reports it).
 const UNICODE_315: &str = "17.0.0";
 
-/// The one `match` on the CPython version (style rule 5). Sources: cpython-layouts.md §2.4
+/// The one `match` on the CPython version (style rule 5). Sources: docs/cpython-layouts.md §2
 /// (`holds_gil`, `state`), §3.4 (owners), §5.2 (unicode bits), §5.4 (stackrefs), §5.5 (TLBC),
 /// §7 (`MANAGED_DICT_OFFSET`, `PyDictValues`).
 #[allow(

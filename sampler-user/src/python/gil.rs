@@ -10,7 +10,7 @@
 //! through `ceval.gil` (a sub-interpreter sharing the main GIL points at the main one).
 //! Fields: `struct _gil_runtime_state` in `Include/internal/pycore_gil.h`
 //! (<https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_gil.h>), the
-//! interp-relative `gil_runtime_state_*` debug offsets; cpython-layouts §6.
+//! interp-relative `gil_runtime_state_*` debug offsets; docs/cpython-layouts.md §6.
 
 use super::GilState;
 use super::code::Ctx;

@@ -2,7 +2,7 @@
 //!
 //! Owns: [`RuntimeLayout`] (one descriptor per attached interpreter): built from the target's
 //! `_Py_DebugOffsets` read with the field list of its minor version (`tables`), or from the
-//! built-in 3.12 table, combined with the facts the debug offsets do not carry (`facts`, which
+//! built-in 3.8–3.12 tables, combined with the facts the debug offsets do not carry (`facts`, which
 //! holds the only `match` on the CPython version), then validated.
 //! Input: the bytes of the target's `_Py_DebugOffsets` (3.13+; `Include/internal/
 //! pycore_debug_offsets.h`, `pycore_runtime.h` in 3.13) or the `Py_Version` value (3.12).
@@ -11,7 +11,7 @@
 //! Constraints: every value is read from the target where it provides it; a value that is not
 //! in bounds (an offset not smaller than the size of its struct, an absurd size) is rejected, so
 //! the walker never reads garbage because of a stale table. Facts and their CPython sources:
-//! `/work/shared/docs/cpython-layouts.md` (§2.4, §3.4, §5, §6, §7).
+//! `docs/cpython-layouts.md` (§2, §3.4, §5, §6, §7).
 
 use super::PyError;
 use super::facts::{FieldSource, HoldsGilFact, VersionFacts, version_facts};
@@ -509,6 +509,17 @@ fn gil_layout(t: &Table<'_>, ft: bool) -> Result<GilLayout, PyError> {
 }
 
 impl RuntimeLayout {
+    /// The layout family, as the kernel walk sees it (for the `PYEBPF_STATS` report): how a
+    /// thread state leads to its frames and what a frame is.
+    pub fn family(&self) -> &'static str {
+        match (self.frame.instr, self.tstate.cframe_current_frame) {
+            (InstrKind::Lasti { .. }, _) => "PyFrameObject chain, pthread_t match",
+            (_, Some(_)) if self.frame.is_entry.is_some() => "cframe, is_entry",
+            (_, Some(_)) => "cframe, entry frames",
+            _ => "current_frame, entry frames",
+        }
+    }
+
     /// Builds the layout of `version` from the bytes of its `_Py_DebugOffsets` (ignored for
     /// 3.12). Checks the cookie, that the header agrees with `version`, and every bound.
     pub fn build(version: PyVersion, debug_offsets: &[u8]) -> Result<RuntimeLayout, PyError> {
@@ -833,7 +844,7 @@ mod tests {
         assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_313.len() * 8, 584);
         assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_314.len() * 8, 760);
         assert_eq!(DEBUG_OFFSETS_HEADER + FIELDS_315.len() * 8, 888);
-        // 3.15 inserted fields: `thread_id` moved from @208 (3.14) to @240 (§2.3).
+        // 3.15 inserted fields: `thread_id` moved from @208 (3.14) to @240 (§2).
         let at = |f: &[&str], n: &str| f.iter().position(|x| *x == n).map(|i| 24 + i * 8);
         assert_eq!(at(FIELDS_314, "thread_state.thread_id"), Some(216));
         assert_eq!(at(FIELDS_315, "thread_state.thread_id"), Some(240));

@@ -12,7 +12,7 @@
 //! (<https://github.com/python/cpython/blob/v3.13.0/Objects/locations.md>); lookup:
 //! `_PyCode_CheckLineNumber` / `PyCode_Addr2Line` in `Objects/codeobject.c`.
 //! The match is strict, `start <= addr < end`: 3.13+ `instr_ptr` points at a CALL that may
-//! start a new entry, and a non-strict end returns the previous entry's line (cpython-layouts §4).
+//! start a new entry, and a non-strict end returns the previous entry's line (docs/cpython-layouts.md §4).
 
 use super::layout::LineTableKind;
 

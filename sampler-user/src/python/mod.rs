@@ -1,7 +1,9 @@
 //! python stage: the CPython reader (issue 3).
 //!
-//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its
-//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; a built-in table for 3.12), and
+//! Owns: attaching to a CPython process by content ([`PythonProcess::attach`]), its version
+//! (debug offsets, `Py_Version`, or the `Py_GetVersion()` string in `.bss` before 3.11), its
+//! [`RuntimeLayout`] (from the target's own `_Py_DebugOffsets`; built-in tables for 3.8–3.12,
+//! checked against the binary before use), and
 //! snapshots of every thread's Python stack with thread ids, names and GIL state
 //! ([`PythonProcess::threads`]); resolution of frames captured elsewhere (the in-kernel walker
 //! of issue 4) through the same code-object cache ([`PythonProcess::resolve_frame`]).
@@ -10,7 +12,7 @@
 //! Constraints: target memory is untrusted and changes while we read it; everything is bounded
 //! (see [`Limits`]) and nothing panics. Memory is read only through [`ReadMemory`]; the walker
 //! knows no versions (the one version `match` is in `facts`). Facts and sources:
-//! `/work/shared/docs/cpython-layouts.md`.
+//! `docs/cpython-layouts.md`.
 //!
 //! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
@@ -37,6 +39,7 @@ mod tables;
 pub mod threadnames;
 pub mod unicode;
 pub mod values;
+mod version;
 pub mod walker;
 
 #[cfg(test)]
@@ -69,7 +72,8 @@ pub use walker::Limits;
 
 use facts::version_facts;
 use gil::{InterpGil, read_interp_gil, thread_gil};
-use layout::{DEBUG_COOKIE, DEBUG_OFFSETS_HEADER, debug_offsets_len};
+use layout::{DEBUG_COOKIE, debug_offsets_len};
+use version::{check_binary, read_version};
 
 /// GIL state of one thread at the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,247 +136,6 @@ pub struct PythonProcess {
     codes: CodeCache,
     counts: ErrorCounts,
     limits: Limits,
-}
-
-/// Reads the version of the runtime at `d`: the debug-offsets header (3.13+), else
-/// `Py_Version` (3.11, 3.12), else the version string `Py_GetVersion()` left in `.bss`
-/// (≤ 3.10, and the older versions refused by name).
-fn read_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
-    if d.pre_runtime {
-        let v = bss_version(mem, pid, d)?;
-        return Err(PyError::Unsupported { version: v.short() });
-    }
-    let mut hdr = [0u8; DEBUG_OFFSETS_HEADER];
-    mem.read(d.runtime_addr, &mut hdr)
-        .map_err(|e| PyError::from_mem(pid, e))?;
-    let py_version = match d.py_version_addr {
-        Some(a) => Some(mem.read_u64(a).map_err(|e| PyError::from_mem(pid, e))?),
-        None => None,
-    };
-    let word = |i: usize| u64::from_le_bytes(hdr[i..i + 8].try_into().unwrap_or_default());
-    let invalid = |detail: String| PyError::Invalid {
-        what: "_PyRuntime",
-        addr: d.runtime_addr,
-        detail,
-    };
-    if &hdr[..8] == DEBUG_COOKIE {
-        let v = PyVersion::from_hex(word(8), word(16) == 1);
-        if let Some(pv) = py_version.map(|h| PyVersion::from_hex(h, v.free_threaded))
-            && (pv.major, pv.minor) != (v.major, v.minor)
-        {
-            return Err(invalid(format!(
-                "debug offsets say {v}, Py_Version says {pv}"
-            )));
-        }
-        return Ok(v);
-    }
-    let v = if let Some(hex) = py_version {
-        PyVersion::from_hex(hex, false)
-    } else {
-        let v = bss_version(mem, pid, d)?;
-        if (v.major, v.minor) >= (3, 11) {
-            return Err(invalid(format!("{v} without Py_Version")));
-        }
-        v
-    };
-    // Unknown minors are refused here; a version that carries debug offsets but has no cookie
-    // is refused rather than guessed.
-    if debug_offsets_len(&version_facts(v.major, v.minor, false)?) > 0 {
-        return Err(invalid(format!("{v} without the \"xdebugpy\" cookie")));
-    }
-    Ok(v)
-}
-
-/// Versions read from `.bss`, per interpreter file (device, inode).
-static BSS_VERSIONS: LazyLock<Mutex<Lru<FileId, PyVersion>>> =
-    LazyLock::new(|| Mutex::new(Lru::new(1024)));
-/// Most `.bss` bytes searched for the version string.
-const MAX_BSS: u64 = 16 << 20;
-
-/// The version in the buffer `Py_GetVersion()` fills at start-up (`static char
-/// version[250]` in `Python/getversion.c`: "3.9.18 (main, …) \n[GCC …]", in `.bss`).
-fn bss_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
-    let key = d.file.clone();
-    if let Some(v) = BSS_VERSIONS
-        .lock()
-        .ok()
-        .and_then(|mut c| c.get(&key).copied())
-    {
-        return Ok(v);
-    }
-    let Some((start, size)) = d.bss else {
-        return Err(PyError::Invalid {
-            what: "interpreter",
-            addr: d.runtime_addr,
-            detail: "no Py_Version and no .bss to find the version in".into(),
-        });
-    };
-    let size = size.min(MAX_BSS);
-    let mut at = 0;
-    loop {
-        let len = (size - at).min(memory::MAX_READ as u64);
-        let bytes = mem
-            .read_vec(start + at, len as usize)
-            .map_err(|e| PyError::from_mem(pid, e))?;
-        if let Some(v) = version_in(&bytes) {
-            if let Ok(mut c) = BSS_VERSIONS.lock() {
-                c.insert(key, v);
-            }
-            return Ok(v);
-        }
-        if at + len >= size {
-            break;
-        }
-        // The next chunk overlaps this one by a version string's length, so none is cut.
-        at += len - VERSION_WINDOW;
-    }
-    // Not filled yet (the interpreter has not started), or not CPython.
-    Err(PyError::Invalid {
-        what: "interpreter",
-        addr: start,
-        detail: "no version string in .bss (not initialised yet?)".into(),
-    })
-}
-
-/// Bytes a version string may span ("3.10.13 (main, …) [GCC …]" fits in 250).
-const VERSION_WINDOW: u64 = 256;
-
-/// The first "M.m.p[aN|bN|rcN][+] (" followed by printable text and a NUL in `bytes`.
-fn version_in(bytes: &[u8]) -> Option<PyVersion> {
-    let digits = |b: &[u8], i: &mut usize, max: usize| -> Option<u32> {
-        let s = *i;
-        while *i < b.len() && b[*i].is_ascii_digit() && *i - s < max {
-            *i += 1;
-        }
-        std::str::from_utf8(&b[s..*i]).ok()?.parse().ok()
-    };
-    for start in 0..bytes.len().saturating_sub(8) {
-        if !(bytes[start] == b'2' || bytes[start] == b'3') || bytes[start + 1] != b'.' {
-            continue;
-        }
-        if start > 0 && (bytes[start - 1].is_ascii_digit() || bytes[start - 1] == b'.') {
-            continue;
-        }
-        let b = bytes;
-        let mut i = start + 2;
-        let Some(minor) = digits(b, &mut i, 2) else {
-            continue;
-        };
-        if b.get(i) != Some(&b'.') {
-            continue;
-        }
-        i += 1;
-        let Some(micro) = digits(b, &mut i, 2) else {
-            continue;
-        };
-        let (mut level, mut serial) = (0xF, 0);
-        for (tag, lv) in [(&b"rc"[..], 0xC), (b"a", 0xA), (b"b", 0xB)] {
-            if b[i..].starts_with(tag) {
-                i += tag.len();
-                level = lv;
-                serial = digits(b, &mut i, 2).unwrap_or(0);
-                break;
-            }
-        }
-        if b.get(i) == Some(&b'+') {
-            i += 1;
-        }
-        if !b[i..].starts_with(b" (") {
-            continue;
-        }
-        let rest = &b[i..b.len().min(start + 250)];
-        let Some(nul) = rest.iter().position(|&c| c == 0) else {
-            continue;
-        };
-        if !rest[..nul]
-            .iter()
-            .all(|&c| c == b'\n' || (0x20..0x7f).contains(&c))
-        {
-            continue;
-        }
-        return Some(PyVersion {
-            major: b[start] - b'0',
-            minor: minor as u8,
-            micro: micro as u8,
-            level,
-            serial: serial as u8,
-            free_threaded: false,
-        });
-    }
-    None
-}
-
-/// Checks a built-in table against the running binary before it is used: the sizes
-/// `PyCode_Type` and `PyFrame_Type` give, and on an initialised runtime the chain the table
-/// describes (every thread state of the main interpreter points back at it, and one of them
-/// is the runtime's `main_thread`). A patch release that moved what the table says fails here.
-fn check_binary(
-    mem: &dyn ReadMemory,
-    pid: u32,
-    d: &Detected,
-    version: PyVersion,
-    layout: &RuntimeLayout,
-) -> Result<(), PyError> {
-    let refuse = |detail: String| PyError::NotRecognised {
-        version: version.to_string(),
-        detail,
-    };
-    let read = |a: u64| mem.read_u64(a).map_err(|e| PyError::from_mem(pid, e));
-    for (what, ty, want) in [
-        (
-            "PyCode_Type",
-            d.pycode_type_addr,
-            layout.checks.code_basicsize,
-        ),
-        (
-            "PyFrame_Type",
-            d.pyframe_type_addr,
-            layout.checks.frame_basicsize,
-        ),
-    ] {
-        let (Some(ty), Some(want)) = (ty, want) else {
-            continue;
-        };
-        let got = read(ty.wrapping_add(layout.types.tp_basicsize))?;
-        if got != want {
-            return Err(refuse(format!(
-                "{what}.tp_basicsize is {got}, the table says {want}"
-            )));
-        }
-    }
-    let Some(main_thread_off) = layout.runtime.main_thread else {
-        return Ok(());
-    };
-    let rt = d.runtime_addr;
-    let mut interp = read(rt.wrapping_add(layout.runtime.interpreters_head))?;
-    if interp == 0 {
-        return Ok(()); // not initialised yet: the type checks are all there is
-    }
-    for _ in 0..64 {
-        match read(interp.wrapping_add(layout.interp.next))? {
-            0 => break,
-            next => interp = next,
-        }
-    }
-    let main_thread = read(rt.wrapping_add(main_thread_off))?;
-    let mut ts = read(interp.wrapping_add(layout.interp.threads_head))?;
-    let (mut seen, mut main_seen) = (0, false);
-    while ts != 0 && seen < 4096 {
-        if read(ts.wrapping_add(layout.tstate.interp))? != interp {
-            return Err(refuse(
-                "a thread state does not point back at its interpreter".into(),
-            ));
-        }
-        main_seen |= read(ts.wrapping_add(layout.tstate.thread_id))? == main_thread;
-        ts = read(ts.wrapping_add(layout.tstate.next))?;
-        seen += 1;
-    }
-    if seen > 0 && !main_seen {
-        return Err(refuse(format!(
-            "no thread state has the main thread's id {main_thread:#x}"
-        )));
-    }
-    Ok(())
 }
 
 fn layout_for(

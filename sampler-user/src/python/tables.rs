@@ -1,11 +1,11 @@
-//! Field lists of `_Py_DebugOffsets` per minor version, and the built-in 3.12 layout.
+//! Field lists of `_Py_DebugOffsets` per minor version, and the built-in 3.8–3.12 layouts.
 //!
 //! Owns: data only. The names are the C field paths of `struct _Py_DebugOffsets` ("group.field");
 //! the position in a list is the field's position in the struct (offset = 24 + 8 * index).
 //! Sources: CPython `Include/internal/pycore_runtime.h` @ v3.13.0
 //! (<https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_runtime.h>),
 //! `Include/internal/pycore_debug_offsets.h` @ v3.14.0 and @ main (3.15), as tabulated in
-//! cpython-layouts.md §2.1–§2.3 (3.13.0, 3.13.15t, 3.14.10 and 3.15.2 checked live).
+//! docs/cpython-layouts.md §2 (3.13.0, 3.13.15t, 3.14.10 and 3.15.2 checked live).
 //! Constraints: the lists must total 584 / 760 / 888 bytes (tested in `layout`).
 
 /// 3.13: 70 fields after the header (584 bytes).

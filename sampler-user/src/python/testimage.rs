@@ -5,7 +5,7 @@
 //! location tables and thread-local bytecode copies, `str`/`bytes` objects of every kind, and
 //! `threading._active` with `Thread` instances — all from a [`RuntimeLayout`], so the same
 //! offsets drive the builder and the reader. [`Flavor`]s carry the documented debug-offset values
-//! (cpython-layouts §2: 3.13.0, 3.13.15t, 3.14.10, 3.14t from v3.14.0 headers, 3.15.2).
+//! (docs/cpython-layouts.md §2: 3.13.0, 3.13.15t, 3.14.10, 3.14t from v3.14.0 headers, 3.15.2).
 //! Input: a flavor and calls describing the process. Output: an [`ImageMemory`] + layout + target.
 //! Constraints: each object is its own region with a gap after it, so a reader that reads past
 //! an object faults here (stricter than a real heap). Faithfulness to real interpreters is

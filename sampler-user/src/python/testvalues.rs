@@ -1,6 +1,6 @@
 //! Documented `_Py_DebugOffsets` values of the interpreter builds the synthetic images imitate
-//! (data for `testimage`): cpython-layouts.md §2.1 (3.13.0, 3.13.15t), §2.2 (3.14.10, and 3.14t
-//! from the v3.14.0 free-threaded headers — unverified), §2.3 (3.15.2). Fields not listed are 0.
+//! (data for `testimage`): docs/cpython-layouts.md §2 (3.13.0, 3.13.15t), §2 (3.14.10, and 3.14t
+//! from the v3.14.0 free-threaded headers — unverified), §2 (3.15.2). Fields not listed are 0.
 //! `live_tests::builder_matches_live_*` compares them with live 3.13, 3.13t, 3.14 and 3.15.
 
 pub(crate) const COMMON_313: &[(&str, u64)] = &[
@@ -25,7 +25,7 @@ pub(crate) const COMMON_313: &[(&str, u64)] = &[
     ("interpreter_frame.owner", 70),
 ];
 
-/// 3.13.0 (default build), cpython-layouts §2.1.
+/// 3.13.0 (default build), docs/cpython-layouts.md §2.
 pub(crate) const V313_VALUES: &[(&str, u64)] = &[
     ("runtime_state.size", 283_320),
     ("interpreter_state.size", 194_968),
@@ -77,7 +77,7 @@ pub(crate) const V313_VALUES: &[(&str, u64)] = &[
     ("gc.collecting", 200),
 ];
 
-/// 3.13.15t (free-threaded), cpython-layouts §2.1.
+/// 3.13.15t (free-threaded), docs/cpython-layouts.md §2.
 pub(crate) const V313T_VALUES: &[(&str, u64)] = &[
     ("runtime_state.size", 328_384),
     ("interpreter_state.size", 215_616),
@@ -129,7 +129,7 @@ pub(crate) const V313T_VALUES: &[(&str, u64)] = &[
     ("gc.collecting", 200),
 ];
 
-/// 3.14.10 (Debian, default build), cpython-layouts §2.2.
+/// 3.14.10 (Debian, default build), docs/cpython-layouts.md §2.
 pub(crate) const V314_VALUES: &[(&str, u64)] = &[
     ("runtime_state.size", 316_616),
     ("runtime_state.finalizing", 784),
@@ -218,7 +218,7 @@ pub(crate) const V314_VALUES: &[(&str, u64)] = &[
 ];
 
 /// 3.14t from the v3.14.0 free-threaded headers (py-spy PR #819 bindings) — UNVERIFIED,
-/// cpython-layouts §2.2: 32-byte header, owner @78, `tlbc_index` @72, `co_tlbc` @224.
+/// docs/cpython-layouts.md §2: 32-byte header, owner @78, `tlbc_index` @72, `co_tlbc` @224.
 pub(crate) const V314T_VALUES: &[(&str, u64)] = &[
     ("runtime_state.size", 362_304),
     ("runtime_state.finalizing", 784),
@@ -301,7 +301,7 @@ pub(crate) const V314T_VALUES: &[(&str, u64)] = &[
     ("debugger_support.debugger_script_path_size", 512),
 ];
 
-/// 3.15.2 (Debian), cpython-layouts §2.3.
+/// 3.15.2 (Debian), docs/cpython-layouts.md §2.
 pub(crate) const V315_VALUES: &[(&str, u64)] = &[
     ("runtime_state.size", 346_568),
     ("runtime_state.finalizing", 912),

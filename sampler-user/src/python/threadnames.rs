@@ -11,15 +11,15 @@
 //! Layouts: `PyDictKeysObject` / `PyDictValues` in `Include/internal/pycore_dict.h`
 //! (<https://github.com/python/cpython/blob/v3.13.0/Include/internal/pycore_dict.h>),
 //! `_PyObject_ManagedDictPointer` / `_PyObject_InlineValues` in `pycore_object.h`,
-//! `PyLongObject` in `Include/cpython/longintrepr.h`; cpython-layouts §7.
+//! `PyLongObject` in `Include/cpython/longintrepr.h`; docs/cpython-layouts.md §7.2.
 
 use std::collections::HashMap;
 
 use super::code::Ctx;
 use super::layout::ManagedDict;
 use super::memory::MemError;
-use super::objects::{ObjError, dict_entries, keys_entries, read_u64_int};
-use super::unicode::{StrError, read_str};
+use super::objects::{Known, ObjError, dict_entries, keys_entries, read_u64_int};
+use super::unicode::{StrError, check_type, read_str_typed};
 
 /// Entries read from one dict (sys.modules of a large program has a few thousand).
 pub const MAX_DICT_ENTRIES: u64 = 1 << 16;
@@ -51,6 +51,10 @@ impl From<StrError> for NameError {
         match e {
             StrError::Memory(m) => NameError::Memory(m),
             StrError::Invalid { addr, why } => NameError::Invalid { what: why, addr },
+            StrError::WrongType { addr, .. } => NameError::Invalid {
+                what: "not a str",
+                addr,
+            },
         }
     }
 }
@@ -90,7 +94,7 @@ fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, Name
 fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Result<u64, NameError> {
     for &(k, v) in items {
         // A non-str key (or an unreadable one) simply does not match.
-        if read_str(ctx.mem, ctx.layout, k, name.len() + 1).is_ok_and(|s| s == name) {
+        if read_str_typed(ctx, k, name.len() + 1).is_ok_and(|s| s == name) {
             return Ok(v);
         }
     }
@@ -207,9 +211,10 @@ pub fn thread_names(
     // Threads start and exit while we read: one bad entry costs that name, not all of them.
     for (k, thread) in dict_items(ctx, active, max_threads)? {
         let entry = (|| {
+            check_type(ctx, k, Known::Int)?;
             let ident = read_u64_int(ctx, k)?;
             let name = instance_attr(ctx, thread, "_name")?;
-            Ok::<_, NameError>((ident, read_str(mem, l, name, MAX_NAME_CHARS)?))
+            Ok::<_, NameError>((ident, read_str_typed(ctx, name, MAX_NAME_CHARS)?))
         })();
         match entry {
             Ok((ident, name)) => {

@@ -3,14 +3,18 @@
 //! Owns: decoding `PyUnicodeObject` (kinds 1/2/4; compact ASCII, compact non-ASCII and legacy
 //! non-compact strings; the free-threaded state layout) into a `String` or into code points
 //! (surrogates kept, for `repr`), and reading `PyBytesObject` payloads (whole or a prefix).
-//! Input: an object address and the [`RuntimeLayout`]. Output: a Rust `String` / `Vec<u8>`.
+//! Input: an object address and the [`RuntimeLayout`] (with a [`Ctx`], the object's type is
+//! checked first: [`read_str_typed`], [`read_bytes_typed`]). Output: a Rust `String` /
+//! `Vec<u8>`.
 //! Constraints: lengths come from the target: a string longer than `max_chars` is cut (with a
 //! "…" marker), a negative or absurd length or an unknown kind is an error; reads are bounded
 //! by `max_chars * kind`. Layout: CPython `Include/cpython/unicodeobject.h`
 //! (<https://github.com/python/cpython/blob/v3.13.0/Include/cpython/unicodeobject.h>), §5.2.
 
+use super::code::Ctx;
 use super::layout::RuntimeLayout;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
+use super::objects::Known;
 
 /// Why a string could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -19,6 +23,48 @@ pub enum StrError {
     Memory(#[from] MemError),
     #[error("bad str object at {addr:#x}: {why}")]
     Invalid { addr: u64, why: &'static str },
+    /// The object is not of the expected type (`ob_type` is another type object).
+    #[error("object at {addr:#x} is not a {want}")]
+    WrongType { addr: u64, want: &'static str },
+}
+
+/// Checks that the object at `addr` is exactly of the type `want` (by the address of its type
+/// object, when the target exports it; otherwise only the reads' own checks apply).
+pub fn check_type(ctx: Ctx<'_>, addr: u64, want: Known) -> Result<(), StrError> {
+    let Some(ty) = ctx.target.known.get(want) else {
+        return Ok(());
+    };
+    if addr == 0 {
+        return Err(StrError::Invalid { addr, why: "NULL" });
+    }
+    if ctx
+        .mem
+        .read_u64(addr.wrapping_add(ctx.layout.object.ob_type))?
+        == ty
+    {
+        Ok(())
+    } else {
+        let want = match want {
+            Known::Str => "str",
+            Known::Bytes => "bytes",
+            Known::Int => "int",
+            _ => "known object",
+        };
+        Err(StrError::WrongType { addr, want })
+    }
+}
+
+/// [`read_str`] of an object whose type is checked first (a `str`, not whatever a torn or
+/// corrupted pointer leads to).
+pub fn read_str_typed(ctx: Ctx<'_>, addr: u64, max_chars: usize) -> Result<String, StrError> {
+    check_type(ctx, addr, Known::Str)?;
+    read_str(ctx.mem, ctx.layout, addr, max_chars)
+}
+
+/// [`read_bytes`] of an object whose type is checked first.
+pub fn read_bytes_typed(ctx: Ctx<'_>, addr: u64, max_len: usize) -> Result<Vec<u8>, StrError> {
+    check_type(ctx, addr, Known::Bytes)?;
+    read_bytes(ctx.mem, ctx.layout, addr, max_len)
 }
 
 /// Absurd lengths (a torn or garbage object) are rejected rather than truncated.

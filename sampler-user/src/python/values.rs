@@ -59,6 +59,10 @@ impl From<StrError> for ObjError {
         match e {
             StrError::Memory(m) => ObjError::Memory(m),
             StrError::Invalid { addr, why } => ObjError::Invalid { what: why, addr },
+            StrError::WrongType { addr, .. } => ObjError::Invalid {
+                what: "not of the expected type",
+                addr,
+            },
         }
     }
 }

@@ -10,7 +10,7 @@
 //! `truncated` set.
 //! Constraints: bounded by [`Limits`] (frames per thread, threads, interpreters); loops in any
 //! list are detected; a vanished or forbidden process is an error, not a short stack.
-//! Algorithm: cpython-layouts §3.2 (walk), §3.4 (owners: skip `owner >= 3`, drop the
+//! Algorithm: docs/cpython-layouts.md §3.2 (walk), §3.4 (owners: skip `owner >= 3`, drop the
 //! `__init__` shim), §5.4 (stackrefs: `bits & ~3`, `bits == 1` and tagged ints are not code).
 
 use std::collections::HashSet;

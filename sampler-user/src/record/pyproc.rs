@@ -88,6 +88,8 @@ pub struct PyProcStats {
     pub comm: String,
     /// "3.12", "3.13t", …
     pub version: String,
+    /// [`crate::python::RuntimeLayout::family`].
+    pub family: &'static str,
     /// Samples of the process since it was attached.
     pub samples: u64,
     /// Samples whose whole Python stack was captured and resolved.
@@ -147,7 +149,7 @@ pub struct PyProc {
     threads_read_at: Option<Instant>,
 }
 
-/// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (cpython-layouts §3.4): dropped.
+/// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (docs/cpython-layouts.md §3.4): dropped.
 fn is_init_shim(f: &PyFrame) -> bool {
     f.first_line == 0 && f.line == -1 && f.function == "__init__" && f.file == "__init__"
 }
@@ -166,6 +168,7 @@ impl PyProc {
         let stats = PyProcStats {
             comm,
             version: l.version.short(),
+            family: l.family(),
             ..PyProcStats::default()
         };
         PyProc {

@@ -51,7 +51,7 @@ const PYTHONS: [(&str, &str, Option<&str>); 6] = [
 ];
 
 /// `K.__init__` parked after the constructor call was specialised: 3.13+ default builds run
-/// it under the `__init__` shim frame (`_Py_InitCleanup`, cpython-layouts §3.4).
+/// it under the `__init__` shim frame (`_Py_InitCleanup`, docs/cpython-layouts.md §3.4).
 const INIT_SCRIPT: &str = r"import threading, time
 class K:
     def __init__(self, last):

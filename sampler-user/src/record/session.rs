@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::collect::{CollectConfig, Collector, Event};
 pub use crate::config::SessionConfig;
 use crate::config::Target;
+use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
 
@@ -235,6 +236,24 @@ impl Session {
                 }
             }
             Target::Command(_) => {}
+        }
+        // Attached, targets opened: keep only what reading targets, stopping the command and
+        // writing the outputs need (privilege::cap says why each one).
+        let mut keep = vec![
+            cap::CHOWN,
+            cap::DAC_OVERRIDE,
+            cap::DAC_READ_SEARCH,
+            cap::SYS_PTRACE,
+            cap::CHECKPOINT_RESTORE,
+        ];
+        if cfg.run_as.is_some() {
+            keep.push(cap::KILL);
+        }
+        if cfg.kernel {
+            keep.push(cap::SYSLOG);
+        }
+        if let Err(e) = crate::privilege::drop_capabilities(&keep) {
+            eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
         Ok(Session {
             cfg,

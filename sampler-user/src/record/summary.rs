@@ -134,6 +134,9 @@ impl RecordSummary {
         }
         if let Some(p) = &self.program {
             writeln!(w, "pyebpf: {}", program_line(p))?;
+            if let Some(families) = families_line(&self.python, p) {
+                writeln!(w, "pyebpf: {families}")?;
+            }
         }
         if let Some([(py_n, py_t), (st_n, st_t)]) = self.user_cost {
             let per = |n: u64, t: Duration| {
@@ -185,6 +188,27 @@ fn proc_line(pid: Option<u32>, s: &PyProcStats, mismatches: u64) -> String {
 
 /// The eBPF program's cost: mean run time per sample first (the e2e tests read the number
 /// before "ns"), then the instruction count.
+/// The layout families the one program walked in this run: it is verified once for all of them
+/// (every layout difference is data in `PY_PROCS`), so each has the program's count.
+fn families_line(python: &[PyProcLine], p: &ProgramStats) -> Option<String> {
+    let mut seen: Vec<(&str, &str)> = python
+        .iter()
+        .map(|l| (l.stats.version.as_str(), l.stats.family))
+        .filter(|(v, f)| !v.is_empty() && !f.is_empty())
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.is_empty() {
+        return None;
+    }
+    let insns = p.verified_insns.unwrap_or(p.translated_insns);
+    let list: Vec<String> = seen.iter().map(|(v, f)| format!("{v} ({f})")).collect();
+    Some(format!(
+        "eBPF Python walk: {insns} instructions verified for every layout family; walked: {}",
+        list.join(", ")
+    ))
+}
+
 fn program_line(p: &ProgramStats) -> String {
     let per_run = match (p.run_time_ns, p.run_count) {
         (Some(t), Some(n)) if n > 0 => format!(
@@ -274,6 +298,7 @@ mod tests {
         let mut stats = PyProcStats {
             comm: "python3.12".into(),
             version: "3.12".into(),
+            family: "cframe, entry frames",
             samples: 300,
             full: 297,
             truncated: 1,
@@ -289,11 +314,24 @@ mod tests {
             interrupted: false,
             rate_hz: 99,
             cpus: 2,
-            python: vec![PyProcLine {
-                pid: 42,
-                stats,
-                merge_mismatches: 2,
-            }],
+            python: vec![
+                PyProcLine {
+                    pid: 42,
+                    stats,
+                    merge_mismatches: 2,
+                },
+                PyProcLine {
+                    pid: 43,
+                    stats: PyProcStats {
+                        comm: "python3.9".into(),
+                        version: "3.9".into(),
+                        family: "PyFrameObject chain, pthread_t match",
+                        samples: 10,
+                        ..PyProcStats::default()
+                    },
+                    merge_mismatches: 0,
+                },
+            ],
             python_overflow: None,
             program: Some(ProgramStats {
                 run_time_ns: Some(1_500_000),
@@ -324,7 +362,13 @@ mod tests {
         ] {
             assert!(line.contains(want), "{want} missing: {line}");
         }
-        let prog = t.lines().find(|l| l.contains("instructions")).unwrap();
+        let families = t.lines().find(|l| l.contains("layout family")).unwrap();
+        assert_eq!(
+            families,
+            "pyebpf: eBPF Python walk: 123456 instructions verified for every layout family; \
+             walked: 3.12 (cframe, entry frames), 3.9 (PyFrameObject chain, pthread_t match)"
+        );
+        let prog = t.lines().find(|l| l.contains("ns per sample")).unwrap();
         assert!(prog.contains("2500 ns per sample"), "{prog}");
         assert!(prog.contains("123456 instructions verified"), "{prog}");
         // "ns" must first appear right after the per-sample time.

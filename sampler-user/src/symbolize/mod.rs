@@ -9,7 +9,7 @@
 //! the printed path; see `procs`), which works for containers and chroots alike, and handed to
 //! blazesym as `/proc/self/fd/N` so the name stays valid after the target exits. A symbol is
 //! accepted only if the address lies within its size: a stripped binary's local code (e.g.
-//! `_PyEval_EvalFrameDefault.cold`, cpython-layouts §11) would otherwise take the name of the
+//! `_PyEval_EvalFrameDefault.cold`, docs/cpython-layouts.md §9) would otherwise take the name of the
 //! preceding exported function. Unknown addresses are named `module+0xFILE_OFFSET`. `[vdso]`
 //! frames are symbolized against our own vDSO image (the kernel maps one image everywhere).
 //! Split debug files are found by blazesym through the build-id and `.gnu_debuglink` of a

@@ -62,3 +62,15 @@ fn command_python_3_12() {
 fn command_python_3_14_via_chroot() {
     python_command("3.14");
 }
+
+/// Issue 10: a 3.8 command (its version is read from `.bss`, where `Py_GetVersion()` writes it
+/// during start-up) and Debian 11's 3.9 exec'd by `chroot` into the bullseye root.
+#[test]
+fn command_python_3_8() {
+    python_command("3.8");
+}
+
+#[test]
+fn command_python_3_9_bullseye_via_chroot() {
+    python_command("3.9-bullseye");
+}

@@ -137,18 +137,34 @@ fn gil_keeps_only_the_thread_holding_the_gil_3_14_sid_root() {
 }
 
 /// Acceptance 6: the eBPF program loads on this kernel and, with `PYEBPF_STATS=1`, `record`
-/// reports its verified instruction count and mean run time per sample.
+/// reports its verified instruction count and mean run time per sample; issue 10: and, for the
+/// layout families it walked (here a 3.9 `PyFrameObject` chain and 3.12's `cframe`), that the
+/// one program was verified for all of them.
 #[test]
 fn ebpf_program_cost_is_reported() {
-    let Some(interp) = setup("3.12") else { return };
+    let (Some(interp), Some(old)) = (setup("3.12"), setup("3.9")) else {
+        return;
+    };
     let w = Workload::start(&interp, "rec_spin.py", &[], &[]);
+    let w39 = Workload::start(&old, "rec_spin.py", &[], &[]);
     let dir = OutDir::new("stats");
-    let pid = w.pid.to_string();
+    let (pid, pid39) = (w.pid.to_string(), w39.pid.to_string());
     let rec = record(
-        &["-p", &pid, "-f", "collapsed", "-d", "2"],
+        &["-p", &pid, "-p", &pid39, "-f", "collapsed", "-d", "2"],
         &dir.join("stats.txt"),
         &[("PYEBPF_STATS", "1")],
     );
+    let families = rec
+        .stderr
+        .lines()
+        .find(|l| l.contains("eBPF Python walk:"))
+        .unwrap_or_else(|| panic!("PYEBPF_STATS=1: no layout-family line:\n{}", rec.stderr));
+    for want in [
+        "3.12 (cframe, entry frames)",
+        "3.9 (PyFrameObject chain, pthread_t match)",
+    ] {
+        assert!(families.contains(want), "{want} missing: {families}");
+    }
     let (insns, ns) = program_stats(&rec.stderr).unwrap_or_else(|| {
         panic!(
             "PYEBPF_STATS=1: no line with the program's instruction count and run time per \
@@ -160,6 +176,12 @@ fn ebpf_program_cost_is_reported() {
         (1..1_000_000).contains(&insns) && ns > 0.0 && ns < 1e7,
         "PYEBPF_STATS=1: implausible program cost: {insns} instructions, {ns} ns per sample:\n{}",
         rec.stderr
+    );
+    assert!(
+        families.contains(&format!(
+            ": {insns} instructions verified for every layout family"
+        )),
+        "the family line does not repeat the program's count {insns}: {families}"
     );
     assert!(
         total(&rec.of_pid(w.pid)) > 0,

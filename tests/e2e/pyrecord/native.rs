@@ -218,7 +218,7 @@ fn native_merge_python_c_python_3_15_static_stripped() {
 }
 
 /// Debian's 3.14 as most hosts have it: stripped, and no `-dbg` package — no symbol names the
-/// `.cold` part where its bytecode handlers run (cpython-layouts §11). The merge must still
+/// `.cold` part where its bytecode handlers run (docs/cpython-layouts.md §9). The merge must still
 /// recognise the eval loop there (issue 4: "in stripped binaries too").
 #[test]
 fn native_merge_python_c_python_3_14_stripped_without_debug_file() {

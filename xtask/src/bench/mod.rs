@@ -12,6 +12,7 @@
 //! | `rates.rs`    | 3. rate limits                                                        |
 //! | `accuracy.rs` | 4. attribution accuracy                                               |
 //! | `startup.rs`  | 5. start-up latency and peak RSS                                      |
+//! | `versions.rs` | 6. the eBPF program's cost per sample by CPython version (3.8–3.15)   |
 //! | `folded.rs`, `stats.rs`, `report.rs`, `sys.rs` | parsing, medians, Markdown, syscalls |
 //!
 //! Figures that need work still in progress (Python frames in pyebpf's output) print
@@ -28,6 +29,7 @@ mod startup;
 mod stats;
 mod sys;
 mod tools;
+mod versions;
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -182,35 +184,7 @@ pub fn run(opts: &Options) -> Result<()> {
             dir.display()
         ),
     );
-    let wanted = |n: u8| opts.only.is_empty() || opts.only.contains(&n);
-    let mut tables = Vec::new();
-    let mut cost = None;
-    if wanted(1) || wanted(2) {
-        let (slow, c) = t.phase("1-2. slowdown and cost", || Ok(slowdown::measure(&ctx)))?;
-        tables.push(slow);
-        cost = Some(c);
-    }
-    if wanted(3) {
-        let (rate_table, rate_cost_rows) =
-            t.phase("3. rate limits", || Ok(rates::measure(&ctx)))?;
-        if let Some(c) = cost.as_mut() {
-            for r in rate_cost_rows {
-                c.row(r);
-            }
-        }
-        tables.extend(cost.take());
-        tables.push(rate_table);
-    }
-    tables.extend(cost.take());
-    if wanted(4) {
-        tables.push(t.phase("4. accuracy", || Ok(accuracy::measure(&ctx)))?);
-    }
-    if wanted(5) {
-        tables.push(t.phase("5. start-up and RSS", || Ok(startup::measure(&ctx)))?);
-    }
-    if wanted(7) {
-        tables.push(t.phase("7. record pipeline", || Ok(pipeline::measure(&ctx)))?);
-    }
+    let tables = figures(&ctx, opts, &mut t)?;
     let load_end = tools::loadavg();
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let md = report::render(
@@ -252,4 +226,40 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The figures asked for (every one without `--only`), in order.
+fn figures(ctx: &Ctx, opts: &Options, t: &mut Timings) -> Result<Vec<report::Table>> {
+    let wanted = |n: u8| opts.only.is_empty() || opts.only.contains(&n);
+    let mut tables = Vec::new();
+    let mut cost = None;
+    if wanted(1) || wanted(2) {
+        let (slow, c) = t.phase("1-2. slowdown and cost", || Ok(slowdown::measure(ctx)))?;
+        tables.push(slow);
+        cost = Some(c);
+    }
+    if wanted(3) {
+        let (rate_table, rate_cost_rows) = t.phase("3. rate limits", || Ok(rates::measure(ctx)))?;
+        if let Some(c) = cost.as_mut() {
+            for r in rate_cost_rows {
+                c.row(r);
+            }
+        }
+        tables.extend(cost.take());
+        tables.push(rate_table);
+    }
+    tables.extend(cost.take());
+    if wanted(4) {
+        tables.push(t.phase("4. accuracy", || Ok(accuracy::measure(ctx)))?);
+    }
+    if wanted(5) {
+        tables.push(t.phase("5. start-up and RSS", || Ok(startup::measure(ctx)))?);
+    }
+    if wanted(6) {
+        tables.push(t.phase("6. eBPF cost by version", || Ok(versions::measure(ctx)))?);
+    }
+    if wanted(7) {
+        tables.push(t.phase("7. record pipeline", || Ok(pipeline::measure(ctx)))?);
+    }
+    Ok(tables)
 }
