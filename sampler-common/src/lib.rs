@@ -38,8 +38,11 @@ pub mod maps {
 
 /// Program names in the eBPF object.
 pub mod programs {
-    /// `perf_event` program attached to the CPU clock on every CPU.
+    /// `perf_event` program attached to the CPU clock on every CPU (kernel ≥ 5.17: `bpf_loop`).
     pub const SAMPLE: &str = "pyebpf_sample";
+    /// The same program for kernels without `bpf_loop` (bounded loops); user space loads one
+    /// of the two.
+    pub const SAMPLE_BOUNDED: &str = "pyebpf_sample_bounded";
     /// `sched/sched_process_exec` tracepoint.
     pub const EXEC: &str = "pyebpf_exec";
     /// `sched/sched_process_exit` tracepoint.
@@ -101,8 +104,13 @@ pub struct Config {
     /// drains at least every flush interval on its own. 0: the kernel's default (a wake-up for
     /// each record that finds user space caught up).
     pub wakeup_bytes: u32,
+    /// Byte offset of `stack` in the kernel's `task_struct` (from its BTF), for the
+    /// `pyebpf_sample_bounded` variant; 0 when unknown.
+    pub task_stack_offset: u32,
+    /// Explicit padding to a multiple of 8 bytes.
+    pub pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32);
+const _: () = assert!(core::mem::size_of::<Config>() == 40);
 
 /// Maximum Python frames captured per sample; deeper stacks are marked truncated.
 pub const PY_MAX_FRAMES: usize = 256;
@@ -605,8 +613,10 @@ mod tests {
             fork_pid_offset: FORK_PID_OFFSET_DEFAULT,
             fork_flags_offset: FORK_FLAGS_OFFSET_DEFAULT,
             wakeup_bytes: 1 << 20,
+            task_stack_offset: 40,
+            pad: 0,
         };
-        assert_eq!(encode(&cfg).len(), 32);
+        assert_eq!(encode(&cfg).len(), 40);
         assert_eq!(decode::<Config>(encode(&cfg)), Some(cfg));
     }
 

@@ -1,5 +1,6 @@
-//! pyebpf's eBPF object: one CPU-clock sampler (with the in-kernel Python walk) and three
-//! process life-cycle tracepoints.
+//! pyebpf's eBPF object: one CPU-clock sampler (with the in-kernel Python walk) in two variants
+//! (`variant.rs`: user space loads the one the kernel supports) and three process life-cycle
+//! tracepoints.
 //!
 //! Owns: the programs named in `sampler_common::programs` and the maps named in
 //! `sampler_common::maps`. Input: perf-event and tracepoint contexts plus the `CONFIG` global
@@ -31,6 +32,8 @@ mod proc_events;
 mod python;
 #[cfg(target_arch = "bpf")]
 mod sample;
+#[cfg(target_arch = "bpf")]
+mod variant;
 
 #[cfg(all(target_arch = "bpf", not(bpf_target_arch = "x86_64")))]
 compile_error!(

@@ -9,8 +9,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use sampler_common::{
-    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, PY_PROCS_ENTRIES,
-    PY_TSTATES_ENTRIES, PyProcInfo, TARGET_PIDS_ENTRIES,
+    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, PY_MAX_FRAMES,
+    PY_PROCS_ENTRIES, PY_TSTATES_ENTRIES, PyFrameRecord, PyProcInfo, TARGET_PIDS_ENTRIES,
 };
 
 /// Samples and process events (see `sampler_common::SampleEvent` / `ProcEvent`).
@@ -54,6 +54,18 @@ pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max
 #[map(name = "PY_WALK")]
 pub static PY_WALK: PerCpuArray<crate::python::ThreadWalk> = PerCpuArray::with_max_entries(1, 0);
 
+/// The frame walk's state between calls of the bounded variant's global step function
+/// (`variant::pyebpf_frame_step`); its pointer fields are unused there (set on each call).
+#[map(name = "PY_FRAME_WALK")]
+pub static PY_FRAME_WALK: PerCpuArray<crate::python::FrameWalk> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// The frames of the bounded variant's walk, copied into the ring-buffer record at its end (a
+/// global function cannot write into the record).
+#[map(name = "PY_FRAMES")]
+pub static PY_FRAMES: PerCpuArray<[PyFrameRecord; PY_MAX_FRAMES]> =
+    PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU event counters indexed by `Counter`.
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -70,6 +82,8 @@ static CONFIG: Global<Config> = Global::new(Config {
     fork_pid_offset: sampler_common::FORK_PID_OFFSET_DEFAULT,
     fork_flags_offset: sampler_common::FORK_FLAGS_OFFSET_DEFAULT,
     wakeup_bytes: 0,
+    task_stack_offset: 0,
+    pad: 0,
 });
 
 /// The load-time configuration.

@@ -26,10 +26,10 @@
 //! When no thread state matches, the GIL of the last interpreter walked (the main one, at the
 //! end of the list) is read, so that a free-threaded `enabled` is known for every sample.
 //!
-//! Constraints: every loop has a named constant budget and runs as `bpf_loop` (kernel ≥ 5.17):
-//! the verifier checks a callback body once instead of every iteration of an open loop —
-//! open loops of 256 frames and 256 threads cost ~100k verified instructions per call site,
-//! because every early exit re-verified the rest of the program. Each frame costs one
+//! Constraints: every loop has a named constant budget; its body is a `bpf_loop`-style
+//! callback, driven by the program variant (`variant.rs`): as `bpf_loop` (kernel ≥ 5.17), where
+//! the verifier checks a callback body once, or as a bounded loop on older kernels, where it
+//! walks every iteration (the walk state below is what keeps that affordable). Each frame costs one
 //! `bpf_probe_read_user` of its header into a per-CPU scratch buffer, from which the fields are
 //! picked at the runtime offsets through masked indices (bounds the verifier can see, checked
 //! against `PyProcInfo::frame_offsets_fit` once per sample). Every failure sets a flag in the
@@ -51,16 +51,19 @@ use sampler_common::{
     PyProcInfo, py_flags,
 };
 
-use crate::maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n};
+use crate::{
+    maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n},
+    variant::Variant,
+};
 
 /// Frame budget per sample (named here for the loop; the wire type sizes the record with it).
-const FRAME_BUDGET: usize = PY_MAX_FRAMES;
+pub const FRAME_BUDGET: usize = PY_MAX_FRAMES;
 /// Steps of the thread-state walk on a cache miss (thread states visited plus interpreter
 /// hops) before giving up.
-const THREAD_BUDGET: u32 = PY_MAX_THREADS_WALKED;
+pub const THREAD_BUDGET: u32 = PY_MAX_THREADS_WALKED;
 /// `bpf_loop` callback results.
 const LOOP_CONTINUE: i64 = 0;
-const LOOP_STOP: i64 = 1;
+pub const LOOP_STOP: i64 = 1;
 /// `gil_locked` / `gil_enabled` when unknown or not applicable; `gil_holder` is then 0.
 const GIL_UNKNOWN: i32 = -1;
 /// Index masks into the scratch buffer for 8-, 4- and 1-byte fields.
@@ -129,7 +132,7 @@ struct Header {
 /// # Safety
 /// `out` must point to a writable `PyCapture` (inside a reserved ring-buffer record).
 #[inline(always)]
-pub unsafe fn capture(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
+pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
     count(Counter::PySamples);
     let mut h = Header {
         tstate: 0,
@@ -140,7 +143,7 @@ pub unsafe fn capture(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
         flags: 0,
     };
     // SAFETY: forwarded from the caller.
-    if let Err(stop) = unsafe { try_capture(info, host_tid, out, &mut h) } {
+    if let Err(stop) = unsafe { try_capture::<V>(info, host_tid, out, &mut h) } {
         stop.record(&mut h);
     }
     // Added, not branched on: a branch would make the verifier keep every combination of
@@ -169,7 +172,7 @@ fn count_flag(counter: Counter, flags: u32, flag: u32) {
 
 /// Thread state, GIL and frames; `Err` says why the chain was not walked to its end.
 #[inline(always)]
-unsafe fn try_capture(
+unsafe fn try_capture<V: Variant>(
     info: &PyProcInfo,
     host_tid: u32,
     out: *mut PyCapture,
@@ -185,7 +188,7 @@ unsafe fn try_capture(
         top: 0,
         interp: head,
     };
-    let result = find_tstate(info, host_tid, key, &mut found, h);
+    let result = find_tstate::<V>(info, host_tid, key, &mut found, h);
     // The GIL of the thread state's own interpreter; without one, of the last one walked.
     let gil_interp = if result.is_ok() {
         read_u64(found.tstate, info.tstate_interp)
@@ -200,7 +203,7 @@ unsafe fn try_capture(
     h.tstate = found.tstate;
     h.flags |= py_flags::CAPTURED;
     // SAFETY: forwarded from the caller.
-    unsafe { walk_frames(info, found.top, out, h) }
+    unsafe { walk_frames::<V>(info, found.top, out, h) }
 }
 
 /// What identifies the sampled thread in a thread state: (the value, its offset in
@@ -299,7 +302,7 @@ struct Found {
 /// the cache if the entry still matches, else by walking every interpreter's thread list from
 /// `found.interp` (a match with a frame wins and is cached; else a frameless one).
 #[inline(always)]
-fn find_tstate(
+fn find_tstate<V: Variant>(
     info: &PyProcInfo,
     host_tid: u32,
     (key, key_off): (u64, u32),
@@ -339,18 +342,7 @@ fn find_tstate(
         status: WALKING,
         _pad: 0,
     };
-    // The callback context (on the stack, as `bpf_loop` wants): the map value's address.
-    let mut ctx: *mut ThreadWalk = walk;
-    // SAFETY: the callback is a static function taking a pointer to a `*mut ThreadWalk`,
-    // which `ctx` is.
-    unsafe {
-        generated::bpf_loop(
-            THREAD_BUDGET,
-            thread_step as *mut c_void,
-            (&raw mut ctx).cast(),
-            0,
-        );
-    }
+    V::walk_threads(walk);
     found.interp = walk.interp;
     match walk.status {
         FOUND => {
@@ -415,7 +407,7 @@ pub struct ThreadWalk {
 /// One step: a thread state (stop on a match with a frame), or at the end of an interpreter's
 /// list the hop to the next interpreter's first thread state (stop after the last one).
 #[inline(never)]
-extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
+pub extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes the pointer to the `PY_WALK` value given to it in
     // `find_tstate`.
     let walk = unsafe { &mut **ctx.cast::<*mut ThreadWalk>() };
@@ -476,7 +468,7 @@ fn top_frame(tstate: u64, frame_off: u32, cframe_off: u32) -> Result<u64, Stop> 
 /// Record up to [`FRAME_BUDGET`] frames from `top` outward into `out.frames`; marks
 /// `TRUNCATED` when the chain goes on. `h.nframes` counts the frames written, also on error.
 #[inline(always)]
-unsafe fn walk_frames(
+unsafe fn walk_frames<V: Variant>(
     info: &PyProcInfo,
     top: u64,
     out: *mut PyCapture,
@@ -501,15 +493,7 @@ unsafe fn walk_frames(
         len: info.frame_read_bytes,
         _pad: 0,
     };
-    // SAFETY: the callback is a static function taking a `FrameWalk`, which `walk` is.
-    unsafe {
-        generated::bpf_loop(
-            FRAME_BUDGET as u32,
-            frame_step as *mut c_void,
-            (&raw mut walk).cast(),
-            0,
-        );
-    }
+    V::walk_frames(&mut walk);
     h.nframes = walk.nframes;
     if walk.read_error != 0 {
         return Err(Stop::Read);
@@ -522,16 +506,17 @@ unsafe fn walk_frames(
 
 /// State of the frame walk, shared with its `bpf_loop` callback.
 #[repr(C)]
-struct FrameWalk {
+#[derive(Clone, Copy)]
+pub struct FrameWalk {
     /// `PyCapture::frames` in the reserved record.
-    frames: *mut PyFrameRecord,
+    pub frames: *mut PyFrameRecord,
     /// This CPU's `PY_SCRATCH` value.
-    scratch: *mut u64,
+    pub scratch: *mut u64,
     /// The frame to read next (0: end of the chain).
-    frame: u64,
+    pub frame: u64,
     /// Frames written.
-    nframes: u32,
-    read_error: u32,
+    pub nframes: u32,
+    pub read_error: u32,
     /// Frame field offsets (`PyProcInfo::frame_*`).
     exec: u32,
     ip: u32,
@@ -544,9 +529,26 @@ struct FrameWalk {
     _pad: u32,
 }
 
+// SAFETY: the map value of this type (`PY_FRAME_WALK`) is per-CPU and used by one program at a
+// time on a CPU; its pointer fields are null there.
+unsafe impl Sync for FrameWalk {}
+
+impl FrameWalk {
+    /// This walk with null pointers, to be kept in map memory (where the verifier would not
+    /// know them as pointers anyway).
+    #[inline(always)]
+    pub fn without_pointers(&self) -> FrameWalk {
+        FrameWalk {
+            frames: core::ptr::null_mut(),
+            scratch: core::ptr::null_mut(),
+            ..*self
+        }
+    }
+}
+
 /// One frame: read its header, record it at `index`, move to `previous`.
 #[inline(never)]
-extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
+pub extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes the `FrameWalk` given to it in `walk_frames`.
     let walk = unsafe { &mut *ctx.cast::<FrameWalk>() };
     // The index bound is for the verifier (`bpf_loop` never passes more than FRAME_BUDGET).

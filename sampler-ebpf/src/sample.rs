@@ -1,4 +1,5 @@
-//! `pyebpf_sample`: the CPU-clock perf-event program.
+//! `pyebpf_sample` and `pyebpf_sample_bounded`: the CPU-clock perf-event program, in the two
+//! variants of `variant.rs` (user space loads one).
 //!
 //! Input: the perf context of a software CPU-clock sample on any CPU, plus `CONFIG` and
 //! `PY_PROCS`.
@@ -16,8 +17,8 @@
 use core::{ffi::c_void, ptr::addr_of_mut};
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, pt_regs},
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated},
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_pid_tgid, generated},
     macros::perf_event,
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
@@ -29,6 +30,7 @@ use sampler_common::{
 use crate::{
     maps::{EVENTS, KSTACKS, PY_PROCS, config, count, current_comm, is_target},
     python,
+    variant::{Bounded, Modern, Variant},
 };
 
 /// `-EFAULT`: what `get_stackid` returns for a sample taken in user mode (no kernel stack).
@@ -65,10 +67,22 @@ struct SampleWithPython<const N: usize> {
 }
 const _: () = assert!(size_of::<SampleEvent>().is_multiple_of(8));
 
+/// The [`Modern`] variant (kernel ≥ 5.17).
 #[perf_event]
 pub fn pyebpf_sample(ctx: PerfEventContext) -> u32 {
+    sample::<Modern>(&ctx)
+}
+
+/// The [`Bounded`] variant (kernel ≥ 5.10 without `bpf_loop`).
+#[perf_event]
+pub fn pyebpf_sample_bounded(ctx: PerfEventContext) -> u32 {
+    sample::<Bounded>(&ctx)
+}
+
+#[inline(always)]
+fn sample<V: Variant>(ctx: &PerfEventContext) -> u32 {
     count(Counter::Runs);
-    match try_sample(&ctx) {
+    match try_sample::<V>(ctx) {
         Ok(()) => count(Counter::Sent),
         Err(reason) => count(reason),
     }
@@ -77,7 +91,7 @@ pub fn pyebpf_sample(ctx: PerfEventContext) -> u32 {
 
 /// Filter, build and emit one sample. `Err` names the counter for why it was not sent.
 #[inline(always)]
-fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
+fn try_sample<V: Variant>(ctx: &PerfEventContext) -> Result<(), Counter> {
     let cfg = config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -92,7 +106,7 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
         return Err(Counter::Filtered);
     }
 
-    let (flags, regs) = user_regs(ctx);
+    let (flags, regs) = user_regs::<V>(ctx);
     let mut event = SampleEvent {
         header: EventHeader {
             kind: event_kind::SAMPLE,
@@ -115,22 +129,25 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), Counter> {
     // SAFETY: a pointer to a value of this map, valid for the whole program run.
     let py = PY_PROCS.get_ptr(tgid).map(|info| unsafe { &*info });
     if flags & sample_flags::NO_USER_REGS != 0 {
-        return emit::<0>(&mut event, py);
+        return emit::<V, 0>(&mut event, py);
     }
     match cfg.stack_bytes {
-        CLASS_0 => emit::<{ CLASS_0 as usize }>(&mut event, py),
-        CLASS_1 => emit::<{ CLASS_1 as usize }>(&mut event, py),
-        CLASS_2 => emit::<{ CLASS_2 as usize }>(&mut event, py),
-        CLASS_3 => emit::<{ CLASS_3 as usize }>(&mut event, py),
-        _ => emit::<0>(&mut event, py),
+        CLASS_0 => emit::<V, { CLASS_0 as usize }>(&mut event, py),
+        CLASS_1 => emit::<V, { CLASS_1 as usize }>(&mut event, py),
+        CLASS_2 => emit::<V, { CLASS_2 as usize }>(&mut event, py),
+        CLASS_3 => emit::<V, { CLASS_3 as usize }>(&mut event, py),
+        _ => emit::<V, 0>(&mut event, py),
     }
 }
 
 /// Emit `event` with `N` stack bytes (0: none), plus the Python capture when `py` is known.
 #[inline(always)]
-fn emit<const N: usize>(event: &mut SampleEvent, py: Option<&PyProcInfo>) -> Result<(), Counter> {
+fn emit<V: Variant, const N: usize>(
+    event: &mut SampleEvent,
+    py: Option<&PyProcInfo>,
+) -> Result<(), Counter> {
     match py {
-        Some(info) => emit_with_python::<N>(event, info),
+        Some(info) => emit_with_python::<V, N>(event, info),
         None => emit_with_stack::<N>(event),
     }
 }
@@ -161,9 +178,10 @@ fn kernel_stack_id(ctx: &PerfEventContext, cfg: &Config, flags: u32) -> i32 {
 /// A sample that interrupted user mode carries them in the perf context. Otherwise the task's
 /// saved user frame (`task_pt_regs`) holds them. Kernel threads have a zeroed frame (x86
 /// `copy_thread()` clears it for `PF_KTHREAD`), so a non-user `cs` there means a kernel thread;
-/// `io_uring`/vhost workers keep a user `cs` but have `sp == 0` and no user stack.
+/// `io_uring`/vhost workers keep a user `cs` but have `sp == 0` and no user stack. Where the
+/// frame is depends on the variant ([`Variant::saved_user_regs`]).
 #[inline(always)]
-fn user_regs(ctx: &PerfEventContext) -> (u32, UserRegs) {
+fn user_regs<V: Variant>(ctx: &PerfEventContext) -> (u32, UserRegs) {
     // SAFETY: `ctx.ctx` is the program's `bpf_perf_event_data`; 8-byte loads from its `regs`
     // are valid context accesses. Volatile keeps LLVM from merging them into wider copies.
     let (cs, ip, sp, bp) = unsafe {
@@ -178,14 +196,7 @@ fn user_regs(ctx: &PerfEventContext) -> (u32, UserRegs) {
     if cs & CPL_MASK == CPL_MASK {
         return (sample_flags::USER_MODE, UserRegs { ip, sp, bp });
     }
-    // SAFETY: both helpers take/return kernel pointers checked by the verifier; the frame is
-    // read with bpf_probe_read_kernel, which tolerates any address.
-    let frame = unsafe {
-        let task = generated::bpf_get_current_task_btf();
-        let regs = generated::bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(regs)
-    };
-    match frame {
+    match V::saved_user_regs() {
         Ok(frame) if frame.cs & CPL_MASK == CPL_MASK && frame.rsp != 0 => (
             sample_flags::REGS_FROM_TASK,
             UserRegs {
@@ -240,7 +251,7 @@ fn wakeup_flags() -> u64 {
 
 /// Emit `event`, up to `N` bytes of user stack and the Python capture of the sampled thread.
 #[inline(always)]
-fn emit_with_python<const N: usize>(
+fn emit_with_python<V: Variant, const N: usize>(
     event: &mut SampleEvent,
     info: &PyProcInfo,
 ) -> Result<(), Counter> {
@@ -248,10 +259,13 @@ fn emit_with_python<const N: usize>(
         return Err(Counter::LostSamples);
     };
     let record = entry.as_mut_ptr();
+    // The capture first: its walks end in many verifier states, and the stack copy's page
+    // loop after them is short; the other way round, every early exit of the copy loop made
+    // the verifier walk the capture again (5.10 then passed 1M instructions at 64 KiB).
     // SAFETY: `record` points to a reserved, writable `SampleWithPython<N>`.
-    fill_stack::<N>(event, unsafe { addr_of_mut!((*record).stack) }.cast::<u8>());
+    unsafe { python::capture::<V>(info, event.tid, addr_of_mut!((*record).py)) };
     // SAFETY: as above.
-    unsafe { python::capture(info, event.tid, addr_of_mut!((*record).py)) };
+    fill_stack::<N>(event, unsafe { addr_of_mut!((*record).stack) }.cast::<u8>());
     event.py_cap = size_of::<PyCapture>() as u32;
     // SAFETY: as above; the header is written last so it reports the final lengths.
     unsafe { addr_of_mut!((*record).event).write(*event) };

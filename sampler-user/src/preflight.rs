@@ -1,24 +1,29 @@
 //! Pre-flight checks run before any sampling: privileges and kernel support.
 //!
 //! Owns: deciding whether this host and process can run the sampler, with one actionable line
-//! when not. Input: the effective uid, `/proc/self/status` (`CapEff`), the kernel BTF file and
-//! the kernel release (gathered by [`check`], or passed in a [`HostFacts`] to [`check_host`]).
-//! Output: `Ok(())` or a [`PreflightError`].
+//! when not. Input: the effective uid, `/proc/self/status` (`CapEff`) and the kernel release
+//! (gathered by [`check`], or passed in a [`HostFacts`] to [`check_host`]). Output: `Ok(())` or
+//! a [`PreflightError`].
+//!
+//! The kernel's eBPF features are probed when the programs load (`collect::variant`): that
+//! picks the program variant and names anything missing. Kernel BTF is not required: only the
+//! user registers of samples taken in kernel mode need it (`collect::variant::degraded_note`).
 //!
 //! Constraints: privileges are read from the real process (end-to-end tests drop them with
 //! `setpriv`); only the kernel facts can be faked, for end-to-end tests, through
-//! `PYEBPF_TEST_FAKE_KERNEL_RELEASE` and `PYEBPF_TEST_FAKE_BTF_PATH`.
-use std::path::{Path, PathBuf};
+//! `PYEBPF_TEST_FAKE_KERNEL_RELEASE` and `PYEBPF_TEST_FAKE_BTF_PATH` (read by [`btf_path`]).
+use std::path::PathBuf;
 
 /// Overrides the kernel release seen by [`check`] (end-to-end tests of the error).
 pub const FAKE_KERNEL_RELEASE_ENV: &str = "PYEBPF_TEST_FAKE_KERNEL_RELEASE";
 /// Overrides the BTF path checked by [`check`] (end-to-end tests of the error).
 pub const FAKE_BTF_PATH_ENV: &str = "PYEBPF_TEST_FAKE_BTF_PATH";
 /// Where the kernel exposes its own BTF.
-pub const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
-/// Oldest supported kernel: BPF ring buffer (5.8), `bpf_task_pt_regs` (5.15), `bpf_loop`
-/// (5.17, the Python frame walk).
-pub const MIN_KERNEL: (u32, u32) = (5, 17);
+pub const BTF_PATH: &str = crate::collect::btf::VMLINUX_BTF;
+/// Oldest supported kernel: the oldest the kernel matrix (`cargo xtask vm-test`) runs the
+/// tests on, Debian 11's 5.10. (The programs' features all exist from 5.8, the ring buffer;
+/// 5.8 and 5.9 are untested.)
+pub const MIN_KERNEL: (u32, u32) = (5, 10);
 
 /// Capability numbers from `<linux/capability.h>`.
 const CAP_SYS_ADMIN: u32 = 21;
@@ -36,17 +41,12 @@ pub enum PreflightError {
         /// Effective capability mask, if `/proc/self/status` had one.
         cap_eff: Option<u64>,
     },
-    /// No kernel BTF: `bpf_get_current_task_btf`/`bpf_task_pt_regs` cannot be verified.
-    #[error(
-        "kernel has no BTF ({} missing): pyebpf needs a kernel built with CONFIG_DEBUG_INFO_BTF",
-        path.display()
-    )]
-    NoBtf {
-        /// The path checked.
-        path: PathBuf,
-    },
     /// The kernel is older than [`MIN_KERNEL`] (or its release string has no version).
-    #[error("unsupported kernel {release}: need {}.{} or newer", MIN_KERNEL.0, MIN_KERNEL.1)]
+    #[error(
+        "unsupported kernel {release}: need {}.{} or newer (the oldest tested)",
+        MIN_KERNEL.0,
+        MIN_KERNEL.1
+    )]
     UnsupportedKernel {
         /// `uname -r`.
         release: String,
@@ -60,10 +60,6 @@ pub struct HostFacts {
     pub euid: u32,
     /// Text of `/proc/self/status` (only `CapEff` is used; empty if unreadable).
     pub status: String,
-    /// Path checked for kernel BTF.
-    pub btf_path: PathBuf,
-    /// Whether `btf_path` exists.
-    pub btf_present: bool,
     /// Kernel release (`uname -r`).
     pub release: String,
 }
@@ -74,18 +70,18 @@ impl HostFacts {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let btf_path = std::env::var_os(FAKE_BTF_PATH_ENV)
-            .map_or_else(|| PathBuf::from(BTF_PATH), PathBuf::from);
-        let btf_present = btf_path.exists();
         let release = std::env::var(FAKE_KERNEL_RELEASE_ENV).unwrap_or_else(|_| kernel_release());
         HostFacts {
             euid,
             status,
-            btf_path,
-            btf_present,
             release,
         }
     }
+}
+
+/// The kernel BTF file: [`BTF_PATH`], or the test override.
+pub fn btf_path() -> PathBuf {
+    std::env::var_os(FAKE_BTF_PATH_ENV).map_or_else(|| PathBuf::from(BTF_PATH), PathBuf::from)
 }
 
 /// Run every check on this host.
@@ -93,19 +89,14 @@ pub fn check() -> Result<(), PreflightError> {
     check_host(&HostFacts::gather())
 }
 
-/// Run every check on `facts`: privileges first (the most common problem), then BTF, then the
-/// kernel version.
+/// Run every check on `facts`: privileges first (the most common problem), then the kernel
+/// version.
 pub fn check_host(facts: &HostFacts) -> Result<(), PreflightError> {
     let cap_eff = parse_cap_eff(&facts.status);
     if !privileged(facts.euid, cap_eff) {
         return Err(PreflightError::NotPrivileged {
             euid: facts.euid,
             cap_eff,
-        });
-    }
-    if !facts.btf_present {
-        return Err(PreflightError::NoBtf {
-            path: facts.btf_path.clone(),
         });
     }
     match parse_release(&facts.release) {
@@ -152,16 +143,6 @@ fn kernel_release() -> String {
     }
 }
 
-impl PreflightError {
-    /// The BTF path the check looked at, for the `NoBtf` case.
-    pub fn btf_path(&self) -> Option<&Path> {
-        match self {
-            PreflightError::NoBtf { path } => Some(path),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,8 +154,6 @@ mod tests {
         HostFacts {
             euid: 0,
             status: "CapEff:\t000001ffffffffff\n".into(),
-            btf_path: PathBuf::from(BTF_PATH),
-            btf_present: true,
             release: "6.18.44-fc-v657".into(),
         }
     }
@@ -235,25 +214,10 @@ mod tests {
     }
 
     #[test]
-    fn missing_btf_is_reported_with_its_path() {
-        let err = check_host(&HostFacts {
-            btf_present: false,
-            ..facts()
-        })
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "kernel has no BTF (/sys/kernel/btf/vmlinux missing): pyebpf needs a kernel built with \
-             CONFIG_DEBUG_INFO_BTF"
-        );
-        assert_eq!(err.btf_path(), Some(Path::new(BTF_PATH)));
-    }
-
-    #[test]
     fn old_or_unparseable_kernels_are_refused() {
         for release in [
-            "5.15.0-91-generic",
-            "5.14.21-150400",
+            "5.9.16-1",
+            "5.4.0-150-generic",
             "4.19.0-25-amd64",
             "3.10.0-1160.el7.x86_64",
             "",
@@ -266,10 +230,16 @@ mod tests {
             .unwrap_err();
             assert_eq!(
                 err.to_string(),
-                format!("unsupported kernel {release}: need 5.17 or newer")
+                format!("unsupported kernel {release}: need 5.10 or newer (the oldest tested)")
             );
         }
-        for release in ["5.17.0-1-generic", "6.1.0-18-amd64", "10.0"] {
+        for release in [
+            "5.10.0-46-amd64",
+            "5.14.0-503.el9.x86_64",
+            "5.15.0-91-generic",
+            "6.1.0-18-amd64",
+            "10.0",
+        ] {
             check_host(&HostFacts {
                 release: release.into(),
                 ..facts()
@@ -283,9 +253,7 @@ mod tests {
         let err = check_host(&HostFacts {
             euid: 1000,
             status: NO_CAPS.into(),
-            btf_present: false,
             release: "4.4".into(),
-            ..facts()
         })
         .unwrap_err();
         assert!(matches!(err, PreflightError::NotPrivileged { .. }));

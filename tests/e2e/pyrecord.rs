@@ -15,6 +15,9 @@
 //!   reports the eBPF program's cost.
 //! - `deliverables`: truncation past the frame cap; a non-Python process under `--all`.
 //! - `command`: `record -- python …` (also through `chroot`) has named frames (deliverable 4).
+//! - `kernel`: the sampling program's fallback variant (bounded loops, for kernels without
+//!   `bpf_loop`) gives the same exact stacks; without kernel BTF `record` runs and says once
+//!   what `--native` loses.
 //! - `subinterp`: the main interpreter's thread and a sub-interpreter's thread spinning at once
 //!   on 3.12, 3.13 and 3.14 → each thread's samples end in its own function (also with `--gil`).
 //!
@@ -25,6 +28,7 @@ mod all;
 mod command;
 mod deliverables;
 mod gil;
+mod kernel;
 mod native;
 mod stacks;
 mod subinterp;

@@ -48,6 +48,11 @@ pub const TESTS: &[&str] = &[
     "libexpat1-dev",
     // `go tool pprof`, the real consumer of `-f pprof` in the e2e tests.
     "golang-go",
+    // The kernel matrix (`vm-test`): qemu, the guest's static busybox, `dpkg-deb` for the
+    // kernel packages (dpkg) and `xz` for their compressed modules (xz-utils, above).
+    "qemu-system-x86",
+    "busybox-static",
+    "dpkg",
     // Debian 12's own CPython 3.11 (static, stripped) and its detached debug file (the
     // "stripped with a debug file" case of the 3.11 tests).
     "python3.11",
@@ -120,7 +125,7 @@ fn no_llvm_message() -> String {
         "{LLVM_DEV} is not installable from this machine's apt sources. On Debian 12 it comes \
          from bookworm-security (1:22.1.x-1~deb12u1): make sure a `deb http://deb.debian.org/debian-security \
          bookworm-security main` source (or the deb822 equivalent in /etc/apt/sources.list.d/debian.sources) \
-         is configured. On Ubuntu add apt.llvm.org (see vagrant/). Or install LLVM 22 yourself and \
+         is configured. On Ubuntu add apt.llvm.org (`llvm-toolchain-<codename>-22`). Or install LLVM 22 yourself and \
          re-run with --no-apt."
     )
 }

@@ -3,7 +3,9 @@
 //! - `setup [--interpreters] [--no-apt]`: prerequisites, idempotently (`setup.rs`).
 //! - `install [--prefix DIR]`: release build to `DIR/bin/pyebpf` (`install.rs`).
 //! - `run-quickstart [ARGS...]`: setup, install, `pyebpf record --all -d 30 ARGS...`.
-//! - `test [FILTER...]`: setup with interpreters, build, all tests as root (`test.rs`).
+//! - `test [FILTER...]`: setup with interpreters, build, all tests as root, then the kernel
+//!   matrix (`test.rs`).
+//! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
 //! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
@@ -17,6 +19,7 @@ mod rust;
 mod setup;
 mod sh;
 mod test;
+mod vm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -80,7 +83,21 @@ enum Cmd {
         #[arg(value_name = "PYTHON[@ROOT]")]
         pythons: Vec<String>,
     },
-    /// Setup (incl. interpreters), build, then unit and end-to-end tests as root.
+    /// Setup (incl. interpreters and kernels), build, then the tests in the kernel matrix (qemu)
+    /// on Debian's 5.10, 6.1, 6.12 and the host's kernel, as root.
+    VmTest {
+        /// 5.10, 6.1, 6.12, host or all (repeatable, or comma-separated).
+        #[arg(long, default_value = "all")]
+        kernel: Vec<String>,
+        /// kvm or tcg (default: KVM if a guest really boots on it, else TCG).
+        #[arg(long)]
+        accel: Option<String>,
+        /// Guests booted at once.
+        #[arg(long, default_value_t = vm::DEFAULT_JOBS)]
+        jobs: usize,
+    },
+    /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
+    /// kernel matrix (`vm-test --kernel all`).
     Test {
         #[arg(long)]
         no_apt: bool,
@@ -116,17 +133,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if setup::in_ci() && !ready.missing_interpreters.is_empty() {
                 anyhow::bail!("CI=true: test interpreters missing (above)");
             }
+            if setup::in_ci() && !ready.missing_kernels.is_empty() {
+                anyhow::bail!("CI=true: kernels of the matrix missing (above)");
+            }
             Ok(())
         }
         Cmd::Install { prefix } => {
             let ready = setup::Ready {
                 ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
                 missing_interpreters: Vec::new(),
+                missing_kernels: Vec::new(),
             };
             install::install(&ready, &prefix).map(drop)
         }
         Cmd::RunQuickstart { no_apt, args } => install::quickstart(no_apt, &args),
         Cmd::Test { no_apt, args } => test::run(no_apt, &args),
+        Cmd::VmTest {
+            kernel,
+            accel,
+            jobs,
+        } => {
+            let accel = match accel.as_deref() {
+                None => None,
+                Some("kvm") => Some(vm::Accel::Kvm),
+                Some("tcg") => Some(vm::Accel::Tcg),
+                Some(other) => anyhow::bail!("--accel {other}: use kvm or tcg"),
+            };
+            vm::run(&vm::parse_kernels(&kernel)?, accel, jobs)
+        }
         Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
     }

@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: every prerequisite, idempotently, each step saying what it does or why
 //! it skips. Order: host packages (LLVM 22 first: bpf-linker links it), the eBPF nightly with
-//! `rust-src`, bpf-linker, then (with `--interpreters`) the test interpreters and their manifest.
+//! `rust-src`, bpf-linker, then (with `--interpreters`) the test interpreters and their manifest,
+//! and the kernel matrix's Debian kernels (`vm/kernels.rs`).
 use anyhow::{Result, bail};
 
 use crate::interpreters::{self, Cache};
@@ -21,6 +22,8 @@ pub struct Ready {
     /// Test interpreters that could not be provisioned, with the reason. Fatal for
     /// `setup --interpreters` under CI; `test` still runs the tests, then fails.
     pub missing_interpreters: Vec<String>,
+    /// Kernels of the matrix that could not be fetched, with the reason (same policy).
+    pub missing_kernels: Vec<String>,
 }
 
 impl Ready {
@@ -41,6 +44,7 @@ pub fn run(opts: &Options) -> Result<Ready> {
     let mut t = Timings::default();
     let mut errors = Vec::new();
     let mut missing_interpreters = Vec::new();
+    let mut missing_kernels = Vec::new();
     let mut want: Vec<&str> = apt::BASE.to_vec();
     if opts.interpreters {
         want.extend(
@@ -85,6 +89,10 @@ pub fn run(opts: &Options) -> Result<Ready> {
             }
             Err(e) => errors.push(format!("interpreters: {e:#}")),
         }
+        missing_kernels = t.phase("kernels (vm-test)", || Ok(crate::vm::fetch_kernels(&cache)))?;
+        for m in &missing_kernels {
+            say("kernels", format!("MISSING {m}"));
+        }
     }
     t.print("setup");
     if !errors.is_empty() {
@@ -97,6 +105,7 @@ pub fn run(opts: &Options) -> Result<Ready> {
     Ok(Ready {
         ebpf_toolchain: toolchain?,
         missing_interpreters,
+        missing_kernels,
     })
 }
 

@@ -1,7 +1,8 @@
-//! `cargo xtask test`: setup (with interpreters; a no-op when cached), a debug build of
-//! `pyebpf`, the workspace's unit and integration tests, then the privileged end-to-end tests
-//! one at a time (they sample the whole machine). Runs as root. Output is cargo test's own, so
-//! CI can read its "test result:" lines; a phase table follows.
+//! `cargo xtask test`: setup (with interpreters and kernels; a no-op when cached), a debug build
+//! of `pyebpf`, the workspace's unit and integration tests, then the privileged end-to-end tests
+//! one at a time (they sample the whole machine), then the kernel matrix (`vm-test --kernel
+//! all`: Debian's 5.10, 6.1, 6.12 in qemu, and the host's kernel). Runs as root. Output is
+//! cargo test's own, so CI can read its "test result:" lines; a phase table follows.
 use std::ffi::OsString;
 
 use anyhow::{Result, bail};
@@ -96,8 +97,31 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
     if e2e.is_err() {
         failed.push("e2e tests");
     }
+    if !args.is_empty() {
+        say(
+            "test",
+            "kernel matrix skipped: test arguments were given (`cargo xtask vm-test` runs it)",
+        );
+    } else if t
+        .phase("kernel matrix (vm-test)", || {
+            let bins = crate::vm::build(&ready)?;
+            let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
+            let rows = crate::vm::matrix(&bins, &kernels, None, crate::vm::DEFAULT_JOBS)?;
+            if rows.iter().all(|r| r.passed) {
+                Ok(())
+            } else {
+                bail!("failed")
+            }
+        })
+        .is_err()
+    {
+        failed.push("kernel matrix");
+    }
     if setup::in_ci() && !ready.missing_interpreters.is_empty() {
         failed.push("setup (CI=true: test interpreters missing, see the setup output)");
+    }
+    if setup::in_ci() && !ready.missing_kernels.is_empty() {
+        failed.push("setup (CI=true: kernels of the matrix missing, see the setup output)");
     }
     if !failed.is_empty() {
         bail!("FAILED: {}", failed.join(", "));

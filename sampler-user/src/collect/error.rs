@@ -125,6 +125,14 @@ pub enum CollectError {
         /// What does not fit.
         reason: String,
     },
+    /// The kernel lacks what a program (or the forced variant of one) needs.
+    #[error("this kernel cannot run {what}: it lacks {missing}")]
+    KernelFeatures {
+        /// The program or variant, e.g. "the sampling program".
+        what: String,
+        /// The missing features with the Linux version of each, comma-separated.
+        missing: String,
+    },
     /// A map handle that is handed out once was asked for again.
     #[error("eBPF map {map} was already taken from the collector")]
     AlreadyTaken {

@@ -2,7 +2,8 @@
 //!
 //! Owns: the embedded eBPF object, every eBPF map and program of it (nothing else in the crate
 //! touches them), the perf events (one software CPU-clock event per online CPU) and the three
-//! process-event tracepoints.
+//! process-event tracepoints. Which variant of the sampling program is loaded is decided by
+//! `variant.rs` (kernel probes, the variant table) before anything loads.
 //! Input: a [`CollectConfig`]; Python processes to walk in the kernel through the
 //! [`PythonProcMap`] handed out by [`Collector::take_python_procs`]. Output: [`Event`]s
 //! delivered by [`Collector::poll`] (samples carry the kernel's Python capture,
@@ -20,6 +21,7 @@ mod error;
 mod python_procs;
 mod targets;
 mod tracefs;
+mod variant;
 
 #[cfg(test)]
 mod python_tests;
@@ -45,6 +47,7 @@ use sampler_common::{
     Config, Counter, KERNEL_STACKS_ENTRIES, PyCapture, STACK_SIZE_CLASSES, SampleEvent,
     TARGET_PIDS_ENTRIES, maps, programs,
 };
+pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
 /// Seconds of samples the ring buffer holds at the configured rate when nothing drains it
 /// (the drain thread only decodes and hands batches on, so this covers it waiting for a CPU
@@ -105,6 +108,8 @@ pub struct CollectConfig {
     pub ring_bytes: u32,
     /// The profiler's own pid, never sampled (0: none).
     pub self_pid: u32,
+    /// Which variant of the sampling program to load (`variant.rs`).
+    pub variant: VariantChoice,
 }
 
 impl Default for CollectConfig {
@@ -118,13 +123,16 @@ impl Default for CollectConfig {
             kernel_stacks: false,
             ring_bytes: 0,
             self_pid: std::process::id(),
+            variant: VariantChoice::Auto,
         }
     }
 }
 
 /// Run statistics of the sampling program (from `bpf_prog_info`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramStats {
+    /// The variant loaded and why (`bounded (this kernel lacks bpf_loop (Linux 5.17))`).
+    pub variant: String,
     /// Total time spent in the program; `None` when run-time stats could not be enabled.
     pub run_time_ns: Option<u64>,
     /// Number of runs; `None` when run-time stats could not be enabled.
@@ -133,7 +141,7 @@ pub struct ProgramStats {
     pub translated_insns: u32,
     /// Size of the JIT-compiled code in bytes (0 without JIT).
     pub jited_bytes: u32,
-    /// Instructions the verifier processed at load (kernel ≥ 5.16).
+    /// Instructions the verifier processed at load (reported by kernels ≥ 5.16).
     pub verified_insns: Option<u32>,
 }
 
@@ -161,6 +169,10 @@ pub struct Collector {
     malformed: u64,
     /// Keeps `kernel.bpf_stats_enabled` on while we run (closing it turns stats off).
     stats: Option<OwnedFd>,
+    /// The sampling program's variant.
+    sampler: Choice,
+    /// What this kernel costs the run, one line each (printed before sampling).
+    notes: Vec<String>,
     /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
     /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
     sizes: Option<ProgramStats>,
@@ -175,6 +187,11 @@ impl Collector {
             return Err(CollectError::NotBuilt);
         }
         raise_memlock_limit();
+        let features = KernelFeatures::probe(&crate::preflight::btf_path());
+        let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
+        let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
+            .into_iter()
+            .collect();
         let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
         let config = Config {
             filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
@@ -186,12 +203,14 @@ impl Collector {
             fork_flags_offset: fork.clone_flags,
             // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
             wakeup_bytes: ring_bytes / 8,
+            task_stack_offset: if sampler.variant.task_stack {
+                features.task_stack_offset.unwrap_or(0)
+            } else {
+                0
+            },
+            pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
-            // The programs use no CO-RE relocations (tracepoint offsets come from tracefs, task
-            // registers from a helper): parsing the kernel's 6 MB BTF would cost ~40 ms and
-            // ~15 MB of peak memory for nothing.
-            .btf(None)
             .override_global(maps::CONFIG, &config, true)
             .map_max_entries(maps::EVENTS, ring_bytes)
             // The 16 MiB stack-trace map is created only for --kernel (it costs ~25 ms to
@@ -235,7 +254,7 @@ impl Collector {
             attach_tracepoint(&mut ebpf, program, "sched", name)?;
         }
         attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
-        let cpus = attach_perf_events(&mut ebpf, cfg.frequency_hz)?;
+        let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
 
         Ok(Collector {
             ebpf,
@@ -248,6 +267,8 @@ impl Collector {
             ring_bytes,
             malformed: 0,
             stats,
+            sampler,
+            notes,
             sizes: None,
         })
         .map(|mut c| {
@@ -358,12 +379,17 @@ impl Collector {
         Ok(totals)
     }
 
-    /// Statistics of `pyebpf_sample`; `None` if its program info cannot be read.
+    /// Statistics of the sampling program; `None` if its program info cannot be read.
     pub fn program_stats(&self) -> Option<ProgramStats> {
-        let program: &PerfEvent = self.ebpf.program(programs::SAMPLE)?.try_into().ok()?;
+        let program: &PerfEvent = self
+            .ebpf
+            .program(self.sampler.variant.program)?
+            .try_into()
+            .ok()?;
         let info = program.info().ok()?;
         let enabled = self.stats.is_some();
         let mut stats = ProgramStats {
+            variant: self.sampler.to_string(),
             run_time_ns: enabled
                 .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
             run_count: enabled.then(|| info.run_count()),
@@ -379,6 +405,17 @@ impl Collector {
             stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
         }
         Some(stats)
+    }
+
+    /// The sampling program's variant and why it was chosen.
+    pub fn variant(&self) -> &Choice {
+        &self.sampler
+    }
+
+    /// What this kernel costs the run (e.g. no user registers in kernel mode without BTF), one
+    /// line each; empty when nothing.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Number of CPUs being sampled.
@@ -538,10 +575,14 @@ fn attach_tracepoint(
     Ok(())
 }
 
-/// Load `pyebpf_sample` and attach it to a CPU-clock event on every online CPU.
-fn attach_perf_events(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize, CollectError> {
+/// Load the sampling program `program` (the chosen variant) and attach it to a CPU-clock event
+/// on every online CPU.
+fn attach_perf_events(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    frequency_hz: u64,
+) -> Result<usize, CollectError> {
     const ONLINE: &str = "/sys/devices/system/cpu/online";
-    let program = programs::SAMPLE;
     let missing = CollectError::MissingInObject {
         kind: "program",
         name: program,

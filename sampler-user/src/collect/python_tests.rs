@@ -267,6 +267,7 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
         kernel_stacks: false,
         ring_bytes: 0,
         self_pid: 0,
+        variant: super::VariantChoice::from_env(),
     };
     let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{}: {e}", i.name));
     let mut procs = collector.take_python_procs().unwrap();
@@ -331,7 +332,7 @@ fn expected_stack(depth: usize) -> Vec<&'static str> {
 /// Upper bound of the program's run time per Python sample: all run time (filtered samples of
 /// other processes included) over the samples that carried a Python capture.
 fn ns_per_python_sample(run: &Run) -> f64 {
-    let time = run.stats.and_then(|s| s.run_time_ns).unwrap_or(0);
+    let time = run.stats.as_ref().and_then(|s| s.run_time_ns).unwrap_or(0);
     time as f64 / run.counters.get(Counter::PySamples).max(1) as f64
 }
 
@@ -355,7 +356,7 @@ fn check_depth_run(name: &str, run: &Run, stack_bytes: u32) {
         .iter()
         .filter(|c| c.gil_locked == 1 && c.gil_holder == c.tstate)
         .count();
-    let stats = run.stats.expect("program info");
+    let stats = run.stats.as_ref().expect("program info");
     eprintln!(
         "{name:<6} stack {stack_bytes:>5}: {n} samples of the spinner, {} captured, {deep} with ≥ {DEPTH} frames, \
          {exact} exactly [spin_target, recurse × {}, <module>], {hits} cache hits, {gil_held} with the GIL held by it; \
@@ -495,7 +496,7 @@ fn kernel_capture_truncates_beyond_the_frame_budget() {
         .flatten()
         .filter(|c| c.flags & py_flags::TRUNCATED != 0 && c.flags & py_flags::CAPTURED != 0)
         .collect();
-    let stats = run.stats.expect("program info");
+    let stats = run.stats.as_ref().expect("program info");
     eprintln!(
         "3.12 at depth {depth}: {n} samples, {} truncated; python counters {:?}; {:.0} ns per run \
          ({:?} runs), ≤ {:.0} ns per Python sample (worst case: {PY_MAX_FRAMES} frames)",
@@ -542,6 +543,7 @@ fn kernel_flags_and_counts_unusable_entries() {
         filter_pids: true,
         stack_bytes: 0,
         self_pid: 0,
+        variant: super::VariantChoice::from_env(),
         ..CollectConfig::default()
     };
     let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{e}"));

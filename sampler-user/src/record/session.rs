@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::collect::{CollectConfig, Collector, Event};
+use crate::collect::{CollectConfig, Collector, Event, VariantChoice};
 pub use crate::config::SessionConfig;
 use crate::config::Target;
 use crate::privilege::cap;
@@ -133,8 +133,12 @@ fn start_collector(
         kernel_stacks: cfg.kernel,
         ring_bytes: cfg.ring_bytes,
         self_pid: std::process::id(),
+        variant: VariantChoice::from_env(),
     };
     let mut collector = Collector::start(&collect_cfg)?;
+    for note in collector.notes() {
+        eprintln!("pyebpf: {note}");
+    }
     let child = match &cfg.target {
         Target::Command(cmd) => {
             let spawn_err = |source| RecordError::Spawn {
@@ -400,7 +404,7 @@ fn summarize(
         })
         .collect();
     summary.python_overflow = report.overflow;
-    summary.program = finished.program;
+    summary.program.clone_from(&finished.program);
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some([(report.samples, report.busy), b.built]);
     }

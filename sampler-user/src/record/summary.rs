@@ -219,13 +219,15 @@ fn program_line(p: &ProgramStats) -> String {
     };
     let insns = p.verified_insns.unwrap_or(p.translated_insns);
     format!(
-        "eBPF sampling program: {per_run}, {insns} instructions {}, {} bytes JIT-compiled",
+        "eBPF sampling program: {per_run}, {insns} instructions {}, {} bytes JIT-compiled, \
+         variant {}",
         if p.verified_insns.is_some() {
             "verified"
         } else {
             "after rewrites"
         },
-        p.jited_bytes
+        p.jited_bytes,
+        p.variant
     )
 }
 
@@ -334,6 +336,7 @@ mod tests {
             ],
             python_overflow: None,
             program: Some(ProgramStats {
+                variant: "bounded (this kernel lacks bpf_loop (Linux 5.17))".into(),
                 run_time_ns: Some(1_500_000),
                 run_count: Some(600),
                 translated_insns: 4000,
@@ -371,6 +374,10 @@ mod tests {
         let prog = t.lines().find(|l| l.contains("ns per sample")).unwrap();
         assert!(prog.contains("2500 ns per sample"), "{prog}");
         assert!(prog.contains("123456 instructions verified"), "{prog}");
+        assert!(
+            prog.ends_with("variant bounded (this kernel lacks bpf_loop (Linux 5.17))"),
+            "{prog}"
+        );
         // "ns" must first appear right after the per-sample time.
         let at = prog.find("ns").unwrap();
         assert!(prog[..at].trim_end().ends_with("2500"), "{prog}");

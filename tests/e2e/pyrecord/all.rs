@@ -104,6 +104,28 @@ fn roots(rec: &Recording) -> String {
     s
 }
 
+/// Runs `rec_short.py 0.2` (~200 ms of CPU work) to its end; its pid.
+fn run_short(interp: &Interpreter, short: &Installed) -> u32 {
+    let mut cmd = interp.command(&[short.script.as_str(), "0.2"]);
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "rec_short.py failed: {}",
+        text(&out.stderr)
+    );
+    pid
+}
+
+/// How long the late starter spins before the run is stopped: ~200 samples at 99 Hz if it has
+/// a CPU; 10 are required (a busy 2-core machine).
+const LATE_SPIN: Duration = Duration::from_secs(2);
+
 #[test]
 fn all_three_interpreters_late_starter_and_short_lived_process() {
     let Some(interps) = AT_ONCE.iter().map(|n| setup(n)).collect::<Option<Vec<_>>>() else {
@@ -116,32 +138,26 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     let short = Installed::new(&short_interp, "rec_short.py");
     let dir = OutDir::new("all");
     let out = dir.join("all.txt");
-    let args = ["--all", "-f", "collapsed", "-d", "5"];
+    // No `-d`: the run is stopped with SIGINT (which writes what was collected) once the late
+    // starter has spun for LATE_SPIN, however long its start took (an emulated kernel in the
+    // kernel matrix takes seconds to start an interpreter).
+    let args = ["--all", "-f", "collapsed"];
     let mut child = record_spawn(&args, &out);
     wait_sampling(&mut child);
 
-    // A Python process started 1 s after the run begins (ready file awaited after the run).
+    // A Python process started 1 s after the run begins.
     std::thread::sleep(Duration::from_secs(1));
     let mut late = Workload::spawn(&late_interp, "rec_spin.py", &[], &[]);
     // A Python process that does ~200 ms of CPU work and exits, well inside the run.
     std::thread::sleep(Duration::from_millis(500));
-    let mut short_cmd = short_interp.command(&[short.script.as_str(), "0.2"]);
-    let short_child = short_cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {short_cmd:?}: {e}"));
-    let short_pid = short_child.id();
-    let short_out = short_child.wait_with_output().unwrap();
-    assert!(
-        short_out.status.success(),
-        "rec_short.py failed: {}",
-        text(&short_out.stderr)
-    );
+    let short_pid = run_short(&short_interp, &short);
 
+    late.wait_ready();
+    std::thread::sleep(LATE_SPIN);
+    // SAFETY: signals our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let o = child.wait_with_output().unwrap();
     let rec = finish(&o, &args, &out);
-    late.wait_ready();
     let late_expected = spinner_stack(&late);
 
     // All three tallies first, so a failure message's neighbours are on stderr too.

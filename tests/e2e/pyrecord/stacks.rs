@@ -86,9 +86,9 @@ fn deep20_own_frames(w: &Workload) -> Vec<String> {
 }
 
 /// Acceptance 1: a thread spinning at a known depth-20 stack → ≥ 95 % of its samples carry
-/// exactly the stack `dump` shows for it.
-fn deep_stack(name: &str) {
-    let Some(interp) = setup(name) else { return };
+/// exactly the stack `dump` shows for it. `env` is given to `record`.
+pub(super) fn deep_stack_with(name: &str, env: &[(&str, &str)]) -> Option<Recording> {
+    let interp = setup(name)?;
     let w = Workload::start(&interp, "rec_deep.py", &[], &[]);
     let tid = w.tid(DEEP_THREAD);
     let expected = w.dump_stack(tid);
@@ -106,7 +106,7 @@ fn deep_stack(name: &str) {
     let rec = super::support::record(
         &["-p", &pid, "-t", "-f", "collapsed", "-d", SECONDS],
         &dir.join("deep.txt"),
-        &[],
+        env,
     );
     check_thread(
         &rec,
@@ -116,6 +116,11 @@ fn deep_stack(name: &str) {
         MIN_SAMPLES,
     );
     check_summary(&rec, name, w.pid);
+    Some(rec)
+}
+
+fn deep_stack(name: &str) {
+    deep_stack_with(name, &[]);
 }
 
 /// Deliverable 7: the per-process summary line counts every sample of the process in the output

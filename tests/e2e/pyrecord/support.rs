@@ -429,39 +429,56 @@ pub fn record_spawn(args: &[&str], out: &Path) -> Child {
     cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
 }
 
-/// Waits until the `record` process `child` samples: it holds at least one BPF link per online
-/// CPU (its CPU-clock perf events) and that count has been steady for half a second. `record`
-/// loads and verifies its program first, which takes seconds for a debug build on a busy
-/// machine; "N s after the run begins" counts from here.
+/// Waits until the `record` process `child` samples: it holds its CPU-clock perf events, one
+/// per online CPU, and that has been steady for half a second. Kernels ≥ 5.15 attach them
+/// through BPF links (one `bpf_link` fd per CPU); older ones attach the program to each perf
+/// event with an ioctl, so there only the `perf_event` fds show: one per CPU plus the three
+/// process-event tracepoints. `record` loads and verifies its program first, which takes
+/// seconds for a debug build on a busy machine; "N s after the run begins" counts from here.
 pub fn wait_sampling(child: &mut Child) {
+    /// `sched_process_exec`, `sched_process_exit`, `task_newtask`.
+    const TRACEPOINTS: usize = 3;
     // SAFETY: sysconf has no preconditions.
     let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1);
-    let links = |pid: u32| {
-        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
-            d.flatten()
-                .filter(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf_link")
-                })
-                .count()
-        })
+    let fds = |pid: u32| {
+        let (mut links, mut events) = (0, 0);
+        for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            match std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy().into_owned())
+                .as_deref()
+            {
+                Ok("anon_inode:bpf_link") => links += 1,
+                Ok("anon_inode:[perf_event]") => events += 1,
+                _ => {}
+            }
+        }
+        (links, events)
     };
     let t0 = Instant::now();
-    let (mut last, mut since) = (0, Instant::now());
+    let (mut last, mut since) = ((0, 0), Instant::now());
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("record exited ({status}) before it started sampling");
         }
-        let n = links(child.id());
+        let n = fds(child.id());
+        let attached = n.0 >= cpus || n.1 >= cpus + TRACEPOINTS;
         if n != last {
             (last, since) = (n, Instant::now());
-        } else if n >= cpus && since.elapsed() >= Duration::from_millis(500) {
+        } else if attached && since.elapsed() >= Duration::from_millis(500) {
             return;
         }
         assert!(
             t0.elapsed() < Duration::from_mins(2),
-            "record (pid {}) holds {n} BPF links after 2 min, want ≥ {cpus}: not sampling?",
-            child.id()
+            "record (pid {}) holds {} BPF links and {} perf events after 2 min, want ≥ {cpus} \
+             links or ≥ {} perf events: not sampling?",
+            child.id(),
+            n.0,
+            n.1,
+            cpus + TRACEPOINTS
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -203,12 +203,17 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("\n{md}");
     let doc = sh::workspace_root().join("docs/benchmarks.md");
     if opts.only.is_empty() {
+        let old = std::fs::read_to_string(&doc).unwrap_or_default();
         // The hand-written part (one-off measurements, before/after tables) stays.
-        let kept = std::fs::read_to_string(&doc)
-            .ok()
-            .and_then(|old| old.find(KEEP_MARKER).map(|i| old[i..].to_owned()))
-            .unwrap_or_else(|| format!("{KEEP_MARKER}\n"));
-        std::fs::write(&doc, format!("{md}{kept}"))
+        let kept = old
+            .find(KEEP_MARKER)
+            .map_or_else(|| format!("{KEEP_MARKER}\n"), |i| old[i..].to_owned());
+        // The kernel matrix's section is `vm-test`'s: kept as it is.
+        let md = match crate::vm::report::section_of(&old) {
+            Some(section) if !kept.contains(section) => crate::vm::report::splice(&md, section),
+            _ => md,
+        };
+        std::fs::write(&doc, format!("{}\n\n{kept}", md.trim_end()))
             .with_context(|| format!("writing {}", doc.display()))?;
         say(
             "bench",

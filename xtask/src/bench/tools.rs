@@ -146,6 +146,7 @@ fn build_pyebpf() -> Result<PathBuf> {
     let ready = setup::Ready {
         ebpf_toolchain: rust::ensure_ebpf_toolchain()?,
         missing_interpreters: Vec::new(),
+        missing_kernels: Vec::new(),
     };
     crate::install::build_release(&ready)
 }

@@ -1,0 +1,208 @@
+//! The program variants: how a walk's loop is driven and where a task's saved user registers
+//! come from, per kernel generation. One entry point per variant (`sample.rs`); user space
+//! probes the kernel and loads exactly one (`sampler-user/src/collect/variant.rs`, whose table
+//! names the same programs and says what each needs).
+//!
+//! - [`Modern`] (`pyebpf_sample`, kernel ≥ 5.17): every walk is a `bpf_loop` (5.17), so the
+//!   verifier checks each callback body once; user registers of a sample taken in kernel mode
+//!   come from `bpf_task_pt_regs(bpf_get_current_task_btf())` (5.15, 5.11; needs kernel BTF).
+//! - [`Bounded`] (`pyebpf_sample_bounded`, kernel ≥ 5.10 without `bpf_loop`): bounded loops
+//!   (5.3) with the same budgets (256 frames, 256 thread-list steps, so the full frame budget
+//!   is kept), each iteration calling a *global* function (5.6) that runs the same callback:
+//!   the verifier checks a global function once, on its own, so an iteration costs the caller
+//!   a few instructions: 13.8k verified instructions on 6.18, 12k on 6.12, 228k on 6.1 (whose
+//!   verifier prunes less; `bpf_loop`: 5.2k, 5.4k, 34.7k), far below the 1M limit. Calling the
+//!   callbacks directly from the loops instead (static functions, verified again in every
+//!   iteration) measured 153k on 6.18 and did not finish verifying in 5 minutes on 5.10 under
+//!   emulation; a smaller frame budget would drop frames, and tail calls would add a program
+//!   per step and a per-CPU copy of the whole capture. The price: the
+//!   frames are written to per-CPU `PY_FRAMES` (a global function cannot write into the
+//!   ring-buffer record) and copied into the record once per sample. The saved user
+//!   registers are read where `task_pt_regs()` finds them on x86-64 before FRED (6.9):
+//!   the last `pt_regs` below `task->stack + THREAD_SIZE` (docs/kernels.md); user space
+//!   passes the offset of `stack` in `task_struct` from the kernel's BTF
+//!   (`Config::task_stack_offset`, 0 when unknown: such samples then carry no user registers
+//!   and are counted as `NoUserRegs`).
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{bpf_probe_read_kernel, generated},
+};
+use sampler_common::PyFrameRecord;
+
+use crate::{
+    maps::{PY_FRAME_WALK, PY_FRAMES, PY_SCRATCH, PY_WALK, config},
+    python::{
+        FRAME_BUDGET, FrameWalk, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step,
+    },
+};
+
+/// What a variant differs in.
+pub trait Variant {
+    /// Run the thread-list walk whose state is `walk` (this CPU's `PY_WALK` value) for up to
+    /// [`THREAD_BUDGET`] steps of `python::thread_step`.
+    fn walk_threads(walk: *mut ThreadWalk);
+    /// Run the frame walk `walk` for up to [`FRAME_BUDGET`] steps of `python::frame_step`;
+    /// the frames end up at `walk.frames`.
+    fn walk_frames(walk: &mut FrameWalk);
+    /// The current task's saved user registers (the frame at the top of its kernel stack),
+    /// read when the sample interrupted kernel mode.
+    fn saved_user_regs() -> Result<pt_regs, ()>;
+}
+
+/// Kernel ≥ 5.17: `bpf_loop` and `bpf_task_pt_regs`.
+pub struct Modern;
+
+/// Kernel ≥ 5.10: bounded loops over global step functions, and the saved registers found
+/// through `task->stack`.
+pub struct Bounded;
+
+impl Variant for Modern {
+    #[inline(always)]
+    fn walk_threads(walk: *mut ThreadWalk) {
+        // The callback context (on the stack, as `bpf_loop` wants): the map value's address.
+        let mut ctx = walk;
+        // SAFETY: `thread_step` takes a pointer to a `*mut ThreadWalk`, which `ctx` is.
+        unsafe {
+            generated::bpf_loop(
+                THREAD_BUDGET,
+                thread_step as *mut c_void,
+                (&raw mut ctx).cast(),
+                0,
+            );
+        }
+    }
+
+    #[inline(always)]
+    fn walk_frames(walk: &mut FrameWalk) {
+        // SAFETY: `frame_step` takes a `FrameWalk`, which `walk` is.
+        unsafe {
+            generated::bpf_loop(
+                FRAME_BUDGET as u32,
+                frame_step as *mut c_void,
+                (walk as *mut FrameWalk).cast(),
+                0,
+            );
+        }
+    }
+
+    #[inline(always)]
+    fn saved_user_regs() -> Result<pt_regs, ()> {
+        // SAFETY: both helpers take/return kernel pointers checked by the verifier; the frame
+        // is read with bpf_probe_read_kernel, which tolerates any address.
+        unsafe {
+            let task = generated::bpf_get_current_task_btf();
+            let regs = generated::bpf_task_pt_regs(task) as *const pt_regs;
+            bpf_probe_read_kernel(regs).map_err(|_| ())
+        }
+    }
+}
+
+/// x86-64 `THREAD_SIZE` without KASAN (`PAGE_SIZE << (2 + KASAN_STACK_ORDER)`).
+const THREAD_SIZE: u64 = 16 << 10;
+
+impl Variant for Bounded {
+    #[inline(always)]
+    fn walk_threads(_walk: *mut ThreadWalk) {
+        // The state is already in `PY_WALK`, where the step function finds it.
+        let mut index = 0;
+        while index < u64::from(THREAD_BUDGET) {
+            if pyebpf_thread_step(index) != 0 {
+                break;
+            }
+            index += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn walk_frames(walk: &mut FrameWalk) {
+        let Some(state) = PY_FRAME_WALK.get_ptr_mut(0) else {
+            walk.read_error = 1;
+            return;
+        };
+        // SAFETY: this CPU's value, valid for the program run; only this program uses it.
+        let state = unsafe { &mut *state };
+        *state = walk.without_pointers();
+        let mut index = 0;
+        while index < FRAME_BUDGET as u64 {
+            if pyebpf_frame_step(index) != 0 {
+                break;
+            }
+            index += 1;
+        }
+        walk.frame = state.frame;
+        walk.nframes = state.nframes;
+        walk.read_error = state.read_error;
+        let Some(frames) = PY_FRAMES.get_ptr(0) else {
+            walk.read_error = 1;
+            return;
+        };
+        let count = walk.nframes.min(FRAME_BUDGET as u32);
+        // SAFETY: `walk.frames` holds FRAME_BUDGET records (the reserved record's
+        // `PyCapture::frames`); `count` ≤ FRAME_BUDGET records are copied from this CPU's
+        // `PY_FRAMES` value.
+        unsafe {
+            generated::bpf_probe_read_kernel(
+                walk.frames.cast(),
+                count * size_of::<PyFrameRecord>() as u32,
+                frames.cast(),
+            );
+        }
+    }
+
+    #[inline(always)]
+    fn saved_user_regs() -> Result<pt_regs, ()> {
+        let offset = config().task_stack_offset;
+        if offset == 0 {
+            return Err(());
+        }
+        // SAFETY: the task pointer is only used as an address for bpf_probe_read_kernel,
+        // which tolerates any address.
+        unsafe {
+            let task = generated::bpf_get_current_task();
+            let stack =
+                bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?;
+            let regs = stack + THREAD_SIZE - size_of::<pt_regs>() as u64;
+            bpf_probe_read_kernel(regs as *const pt_regs).map_err(|_| ())
+        }
+    }
+}
+
+/// One step of the thread walk in `PY_WALK`. A global function (exported, so its BTF linkage
+/// is global): the verifier checks its body once, on its own, and a call costs the caller a
+/// few instructions — what `bpf_loop` gives newer kernels.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn pyebpf_thread_step(index: u64) -> i64 {
+    let Some(walk) = PY_WALK.get_ptr_mut(0) else {
+        return LOOP_STOP;
+    };
+    let mut ctx = walk;
+    thread_step(index, (&raw mut ctx).cast())
+}
+
+/// One step of the frame walk in `PY_FRAME_WALK`, writing into `PY_FRAMES` (global, as
+/// [`pyebpf_thread_step`]). The walk runs on a stack copy that carries this call's map
+/// pointers (pointers read back from map memory would be plain numbers to the verifier).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn pyebpf_frame_step(index: u64) -> i64 {
+    let (Some(state), Some(frames), Some(scratch)) = (
+        PY_FRAME_WALK.get_ptr_mut(0),
+        PY_FRAMES.get_ptr_mut(0),
+        PY_SCRATCH.get_ptr_mut(0),
+    ) else {
+        return LOOP_STOP;
+    };
+    // SAFETY: this CPU's values, valid for the program run.
+    let state = unsafe { &mut *state };
+    let mut walk = *state;
+    walk.frames = frames.cast();
+    walk.scratch = scratch.cast();
+    let ret = frame_step(index, (&raw mut walk).cast());
+    state.frame = walk.frame;
+    state.nframes = walk.nframes;
+    state.read_error = walk.read_error;
+    ret
+}
