@@ -71,10 +71,10 @@ enum Cmd {
         /// Interleaved runs per configuration (at least 5).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Only table 6 (eBPF cost by CPython version): its section of docs/benchmarks.md is
-        /// replaced, the rest kept.
-        #[arg(long, value_parser = ["versions"])]
-        only: Option<String>,
+        /// Only these figures (comma list of 1-7; figure 2 comes with 1): printed, and
+        /// docs/benchmarks.md is left alone.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<u8>,
     },
     /// Regenerate `sampler-user/src/python/printable_table.rs` (which characters CPython's
     /// `repr()` prints unescaped, per Unicode version) by asking real interpreters.
@@ -161,11 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             vm::run(&vm::parse_kernels(&kernel)?, accel, jobs)
         }
-        Cmd::Bench { quick, runs, only } => bench::run(&bench::Options {
-            quick,
-            runs,
-            only_versions: only.is_some(),
-        }),
+        Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
     }
 }

@@ -39,7 +39,7 @@ impl Table {
         }
     }
 
-    pub fn render(&self, out: &mut String) {
+    fn render(&self, out: &mut String) {
         let _ = writeln!(out, "## {}\n", self.title);
         if !self.method.is_empty() {
             let _ = writeln!(out, "{}\n", self.method.join(" "));

@@ -100,38 +100,6 @@ fn one_run(ctx: &Ctx, name: &str, python: &str, root: Option<&str>) -> Result<(f
     ))
 }
 
-/// Writes `table` into docs/benchmarks.md in place of its section (or at the end), noting the
-/// pyebpf build and the load when it was measured (`cargo xtask bench --only versions`).
-pub fn splice(table: &Table, pyebpf: &str, load: &str) -> Result<()> {
-    let mut section = String::new();
-    table.render(&mut section);
-    let section = section.replacen(
-        "\n\n",
-        &format!(
-            "\n\nMeasured on its own (`cargo xtask bench --only versions`) with {pyebpf}, load \
-             average at the start {load}.\n\n"
-        ),
-        1,
-    );
-    println!("\n{section}");
-    let doc = crate::sh::workspace_root().join("docs/benchmarks.md");
-    let old = std::fs::read_to_string(&doc).unwrap_or_default();
-    let heading = "## 6. eBPF cost by CPython version";
-    let new = match old.find(heading) {
-        Some(at) => {
-            let rest = &old[at + heading.len()..];
-            let end = rest
-                .find("\n## ")
-                .map_or(old.len(), |i| at + heading.len() + i + 1);
-            format!("{}{section}{}", &old[..at], &old[end..])
-        }
-        None => format!("{}\n{section}", old.trim_end()),
-    };
-    std::fs::write(&doc, new).with_context(|| format!("writing {}", doc.display()))?;
-    crate::sh::say("bench", format!("wrote table 6 into {}", doc.display()));
-    Ok(())
-}
-
 pub fn measure(ctx: &Ctx) -> Table {
     let mut t = Table::new(
         "6. eBPF cost by CPython version",
