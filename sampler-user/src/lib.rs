@@ -20,6 +20,8 @@
 
 pub mod collect;
 pub mod config;
+pub mod coredump;
+pub mod dump;
 pub mod lru;
 pub mod merge;
 pub mod output;

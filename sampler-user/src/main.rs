@@ -83,6 +83,10 @@ struct RecordArgs {
     /// Bytes of user stack copied per sample with --native (rounded up to 8, 16, 32 or 64 KiB).
     #[arg(long = "stack-size", value_name = "BYTES")]
     stack_size: Option<u32>,
+    /// Ring-buffer size in bytes, a power of two (default: a second of samples at the rate,
+    /// on every CPU, with the stack copy; at most 32 MiB).
+    #[arg(long = "ring-size", value_name = "BYTES")]
+    ring_size: Option<u64>,
     /// No progress line.
     #[arg(short = 'q', long)]
     quiet: bool,
@@ -95,10 +99,24 @@ struct RecordArgs {
 }
 
 #[derive(Args)]
+#[allow(clippy::struct_excessive_bools, reason = "clap: one field per flag")]
 struct DumpArgs {
     /// Process to dump.
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pid: u32,
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        required_unless_present = "core",
+        conflicts_with = "core"
+    )]
+    pid: Option<u32>,
+    /// Dump a core file (from gcore or the kernel; gzip-compressed too) instead of a process.
+    #[arg(long, value_name = "FILE")]
+    core: Option<PathBuf>,
+    /// With --core: where the process's files are (default /; a container's root for a core of
+    /// a containerised process).
+    #[arg(long, value_name = "DIR", requires = "core")]
+    root: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -106,9 +124,18 @@ struct DumpArgs {
     #[arg(short = 'l', long)]
     locals: bool,
     /// With --locals: at most this many characters per value.
-    #[arg(long = "locals-max-len", value_name = "N", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(8..=1_000_000), requires = "locals")]
+    #[arg(
+        long = "locals-max-len",
+        value_name = "N",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(8..=1_000_000),
+        requires = "locals"
+    )]
     locals_max_len: u32,
+    /// Also native (C) frames, merged with the Python frames. A live process has each thread
+    /// stopped in turn, for the time it takes to copy its registers and stack.
+    #[arg(short = 'n', long)]
+    native: bool,
 }
 
 #[derive(Args)]
@@ -261,6 +288,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         gil: a.gil,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
+        ring_bytes: a.ring_size,
         command_as_root: a.as_root,
         progress: !a.quiet && std::io::stderr().is_terminal(),
     };
@@ -271,17 +299,27 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let opts = pyebpf::python::dump::DumpOptions {
-        pid: a.pid,
+    use pyebpf::dump::{DumpOptions, DumpTarget};
+    let target = match (&a.core, a.pid) {
+        (Some(path), _) => DumpTarget::Core {
+            path: path.clone(),
+            root: a.root.clone().unwrap_or_else(|| PathBuf::from("/")),
+        },
+        (None, Some(pid)) => DumpTarget::Pid(pid),
+        (None, None) => return Err("dump needs -p PID or --core FILE".into()),
+    };
+    let opts = DumpOptions {
+        target,
         json: a.json,
         locals: a.locals.then(|| pyebpf::python::values::ValueLimits {
             max_len: a.locals_max_len as usize,
             ..Default::default()
         }),
+        native: a.native,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    pyebpf::python::dump::run(&opts, &mut out)?;
+    pyebpf::dump::run(&opts, &mut out)?;
     Ok(())
 }
 

@@ -7,9 +7,11 @@
 //! spinning lines (see `dump/support.rs`). Expected lines come from `# LINE:<tag>` markers in the
 //! scripts and, for whole stacks, from CPython's own `sys._current_frames()` in the target.
 
+mod core;
 mod errors;
 mod gil;
 mod locals;
+mod native;
 mod robustness;
 mod support;
 

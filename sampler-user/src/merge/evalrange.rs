@@ -15,6 +15,7 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::lru::Lru;
@@ -22,7 +23,7 @@ use crate::procs::elf::{
     ElfError, ReadAt, SHT_NOBITS, STT_FUNC, SymbolTable, SymbolTableKind, read_elf_info,
     read_section, read_symbols,
 };
-use crate::procs::{FileId, open_mapped_file};
+use crate::procs::{FileId, Process, open_mapped_file};
 use crate::python::Detected;
 
 use super::{Role, ehframe};
@@ -244,7 +245,7 @@ fn fragments_from_eh_frame(r: &(impl ReadAt + ?Sized), known: &[EvalRange]) -> V
 }
 
 /// Candidate paths of the debug file of `build_id`: inside the target's root, then the host's.
-pub fn debug_file_paths(pid: u32, build_id: &[u8]) -> Vec<String> {
+pub fn debug_file_paths(root: &Path, build_id: &[u8]) -> Vec<PathBuf> {
     let Some((first, rest)) = build_id.split_first() else {
         return Vec::new();
     };
@@ -253,7 +254,7 @@ pub fn debug_file_paths(pid: u32, build_id: &[u8]) -> Vec<String> {
         s
     });
     let rel = format!("usr/lib/debug/.build-id/{first:02x}/{hex}.debug");
-    vec![format!("/proc/{pid}/root/{rel}"), format!("/{rel}")]
+    vec![root.join(&rel), Path::new("/").join(rel)]
 }
 
 type Cache = Mutex<Lru<FileId, Arc<FileEvalRanges>>>;
@@ -261,10 +262,36 @@ static CACHE: LazyLock<Cache> = LazyLock::new(|| Mutex::new(Lru::new(MAX_CACHED)
 
 /// The eval-loop pieces of the interpreter file `d` of `pid`, computed once per file.
 pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, EvalRangeError> {
+    ranges_with(
+        d,
+        || open_mapped_file(pid, &d.mapping),
+        &PathBuf::from(format!("/proc/{pid}/root")),
+    )
+}
+
+/// [`file_eval_ranges`] for a process of the registry that is not read through `/proc` (one
+/// known from a core file): its files are opened the way the process opens them.
+pub fn file_eval_ranges_of(
+    proc: &Process,
+    d: &Detected,
+) -> Result<Arc<FileEvalRanges>, EvalRangeError> {
+    ranges_with(
+        d,
+        || proc.open_mapping(&d.mapping).map(|m| m.file),
+        &proc.root,
+    )
+}
+
+/// The eval-loop pieces of `d`, opened by `open`; debug files under `root` (then the host's).
+fn ranges_with(
+    d: &Detected,
+    open: impl FnOnce() -> std::io::Result<File>,
+    root: &Path,
+) -> Result<Arc<FileEvalRanges>, EvalRangeError> {
     if let Some(hit) = CACHE.lock().ok().and_then(|mut c| c.get(&d.file).cloned()) {
         return Ok(hit);
     }
-    let file = open_mapped_file(pid, &d.mapping).map_err(|_| EvalRangeError::Open {
+    let file = open().map_err(|_| EvalRangeError::Open {
         path: d.path.clone(),
     })?;
     let ElfEvalPieces {
@@ -282,7 +309,7 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
         let id = build_id
             .or_else(|| d.file.build_id.clone())
             .unwrap_or_default();
-        for p in debug_file_paths(pid, &id) {
+        for p in debug_file_paths(root, &id) {
             let Ok(f) = File::open(&p) else { continue };
             // A debug file of another build would give wrong addresses.
             let Ok(dbg) = ranges_in_elf(&f) else {
@@ -297,7 +324,7 @@ pub fn file_eval_ranges(pid: u32, d: &Detected) -> Result<Arc<FileEvalRanges>, E
                 }
             }
             ranges.sort_by_key(|r| r.start);
-            symbols_from = p;
+            symbols_from = p.display().to_string();
             incomplete = false;
             break;
         }
@@ -418,15 +445,15 @@ mod tests {
 
     #[test]
     fn debug_paths_inside_the_root_first() {
-        let p = debug_file_paths(42, &[0xcc, 0xcd, 0xa1]);
+        let p = debug_file_paths(Path::new("/proc/42/root"), &[0xcc, 0xcd, 0xa1]);
         assert_eq!(
             p,
             [
-                "/proc/42/root/usr/lib/debug/.build-id/cc/cda1.debug",
-                "/usr/lib/debug/.build-id/cc/cda1.debug"
+                PathBuf::from("/proc/42/root/usr/lib/debug/.build-id/cc/cda1.debug"),
+                PathBuf::from("/usr/lib/debug/.build-id/cc/cda1.debug")
             ]
         );
-        assert!(debug_file_paths(42, &[]).is_empty());
+        assert!(debug_file_paths(Path::new("/"), &[]).is_empty());
     }
 
     /// Real files: the pyenv 3.12 libpython has a `.symtab` (with a small `.cold`); Debian's
@@ -455,10 +482,8 @@ mod tests {
             exe.ranges
         );
         let id = exe.build_id.expect("build-id");
-        let dbg = debug_file_paths(0, &id)[1]
-            .trim_start_matches('/')
-            .to_string();
-        let Ok(d) = File::open(format!("{sid}/{dbg}")) else {
+        let dbg = debug_file_paths(Path::new(sid), &id).remove(0);
+        let Ok(d) = File::open(&dbg) else {
             crate::procs::tests::missing(&format!("no debug file for python3.14 in {sid}"));
             return;
         };
@@ -480,7 +505,7 @@ mod tests {
         );
         let file = FileEvalRanges {
             ranges: dbg_pieces.ranges,
-            symbols_from: dbg,
+            symbols_from: dbg.display().to_string(),
             incomplete: false,
         };
         let abs = EvalRanges::new(&file, 0);

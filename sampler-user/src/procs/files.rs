@@ -135,6 +135,38 @@ pub fn open_mapping(proc_root: &Path, pid: u32, m: &Mapping) -> io::Result<Mappe
     })
 }
 
+/// Open the file behind `m` by its path under `root` (a core's files: `dump --core --root`);
+/// a path with a `..` component is refused (it could leave the root).
+pub fn open_mapping_under(root: &Path, m: &Mapping) -> io::Result<MappedFile> {
+    let refused = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a file path under the root",
+        )
+    };
+    let path = m
+        .clean_path()
+        .filter(|_| !m.is_deleted())
+        .ok_or_else(refused)?;
+    if !path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(refused());
+    }
+    let host = root.join(path.strip_prefix("/").unwrap_or(path));
+    let file = File::open(&host)?;
+    let elf = read_elf_info(&file).ok();
+    let id = FileId::new(m, elf.as_ref().and_then(|e| e.build_id.clone()));
+    Ok(MappedFile {
+        file,
+        id,
+        elf,
+        opened_via: host,
+    })
+}
+
 /// Largest vDSO image accepted (it is 8 KiB on current kernels).
 const MAX_VDSO: u64 = 1 << 20;
 

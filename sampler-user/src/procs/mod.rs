@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 pub use container::{container_id_from_path, from_cgroup_file};
 pub use files::{
-    FileId, MappedFile, open_mapped_file, open_mapped_file_in, open_mapping, read_own_vdso,
+    FileId, MappedFile, open_mapped_file, open_mapped_file_in, open_mapping, open_mapping_under,
+    read_own_vdso,
 };
 pub use maps::{MAX_MAPPINGS, Mapping, MapsLineError, Perms, find_mapping, parse_maps};
 
@@ -181,6 +182,9 @@ pub struct Process {
     proc_dir: PathBuf,
     nested_pid_ns: bool,
     ns_tids: Mutex<HashMap<u32, u32>>,
+    /// A process known from a core file: its files are opened under this directory (`dump
+    /// --core --root`), never through `/proc`.
+    files_root: Option<PathBuf>,
 }
 
 impl Process {
@@ -227,8 +231,42 @@ impl Process {
 
     /// Open the file behind one of this process's mappings (see [`open_mapping`]).
     pub fn open_mapping(&self, m: &Mapping) -> io::Result<MappedFile> {
+        if let Some(dir) = &self.files_root {
+            return open_mapping_under(dir, m);
+        }
         let root = self.proc_dir.parent().unwrap_or(Path::new("/proc"));
         open_mapping(root, self.pid, m)
+    }
+
+    /// A process known only from a core file: its mappings (from the core's notes), and the
+    /// directory its files are found under. It counts as exited, so it is never re-read from
+    /// `/proc` (the pid may belong to another process on this host, or to none).
+    pub fn from_core(
+        pid: u32,
+        comm: String,
+        cmdline: Vec<String>,
+        mut mappings: Vec<Mapping>,
+        files_root: PathBuf,
+    ) -> Process {
+        mappings.sort_by_key(|m| m.start);
+        Process {
+            pid,
+            comm,
+            exe: None,
+            cmdline,
+            start_time_ticks: 0,
+            ns_pid: None,
+            cgroup: None,
+            container_id: None,
+            root: files_root.clone(),
+            mappings,
+            mappings_generation: 0,
+            exited: true,
+            proc_dir: PathBuf::from("/nonexistent-core-process"),
+            nested_pid_ns: false,
+            ns_tids: Mutex::new(HashMap::new()),
+            files_root: Some(files_root),
+        }
     }
 }
 
@@ -360,6 +398,19 @@ impl ProcessRegistry {
             }
         }
         self.entries.get(&pid).map(|e| &e.process)
+    }
+
+    /// Adds a process that is not read from `/proc` (one built from a core file), replacing
+    /// any process of that pid.
+    pub fn insert(&mut self, process: Process) {
+        self.entries.insert(
+            process.pid,
+            Entry {
+                process,
+                last_refresh: Instant::now(),
+                exited_at: None,
+            },
+        );
     }
 
     /// The process if known (no I/O).
@@ -554,6 +605,7 @@ impl ProcessRegistry {
             exited: false,
             proc_dir: dir,
             ns_tids: Mutex::new(HashMap::new()),
+            files_root: None,
         })
     }
 }

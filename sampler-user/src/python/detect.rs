@@ -97,6 +97,15 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
         // Kernel threads and zombies have no mappings.
         return Err(PyError::NotPython { pid });
     }
+    Ok(detect_in(&maps, &|mine| python_elf_cached(pid, mine)))
+}
+
+/// The CPython runtimes among `maps` (grouped by file), in maps order; `python_elf` says what
+/// one file's mappings hold (`detect` caches it per file; a core's files are not cached).
+pub fn detect_in(
+    maps: &[Mapping],
+    python_elf: &dyn Fn(&[&Mapping]) -> Option<Arc<PythonElf>>,
+) -> Vec<Detected> {
     let mut files: Vec<((u32, u32), u64)> = Vec::new();
     for m in maps.iter().filter(|m| m.is_file_backed()) {
         if !files.contains(&(m.dev, m.inode)) {
@@ -107,7 +116,7 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
     let mut pthread_tid_desc = None;
     for key in files {
         let mine: Vec<&Mapping> = maps.iter().filter(|m| (m.dev, m.inode) == key).collect();
-        let Some(info) = python_elf_cached(pid, &mine) else {
+        let Some(info) = python_elf(&mine) else {
             continue;
         };
         let placed = place(&info, &mine);
@@ -121,7 +130,7 @@ pub fn detect(pid: u32) -> Result<Vec<Detected>, PyError> {
     for d in &mut found {
         d.pthread_tid_desc = pthread_tid_desc;
     }
-    Ok(found)
+    found
 }
 
 fn python_elf_cached(pid: u32, mappings: &[&Mapping]) -> Option<Arc<PythonElf>> {

@@ -85,9 +85,20 @@ fn rich_image(flavor: Flavor) -> ImageBuilder {
     reason = "short names mirror the Python values"
 )]
 fn locals_frame(b: &mut ImageBuilder, previous: u64) -> u64 {
-    // ≤ 3.10 layouts have no `co_localsplusnames`: no locals to fuzz there.
     if b.layout().code.localsplusnames.is_none() {
-        return previous;
+        // ≤ 3.10: named by co_varnames/co_cellvars/co_freevars, the cells after the locals.
+        let code = b.code_with_classic_locals(
+            &CodeSpec::simple("h", "/opt/h.py", 1, &[(1, 2), (2, 2)]),
+            (&["a", "é", "l"], &["a", "c"], &["f"]),
+            (1, 0, 0),
+        );
+        let one = b.small_int(1);
+        let text = b.str_object("ключ 🐍 'q'");
+        let t = b.tuple_object(&[one, text]);
+        let l = b.list_object(&[t, text, one, one, one, one, one, one, one, one]);
+        let d = b.dict_of(&[(text, l), (one, t)]);
+        let (ca, cc, cf) = (b.cell_object(one), b.cell_object(d), b.cell_object(l));
+        return b.frame_with_locals(code, 2, previous, &[0, text, l, ca, cc, cf]);
     }
     let code = b.code_with_locals(
         &CodeSpec::simple("h", "/opt/h.py", 1, &[(1, 2), (2, 2)]),

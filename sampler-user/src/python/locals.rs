@@ -6,6 +6,9 @@
 //! `co_localsplusnames` — arguments first (positional, keyword-only, `*args`, `**kwargs`), then
 //! the other locals, cells and free variables — each with its value rendered by
 //! [`values::render`](super::values::render).
+//! Up to 3.10 the names are `co_varnames`, `co_cellvars`, `co_freevars` and the values
+//! `f_localsplus` of the `PyFrameObject` in that order (see [`classic_meta`]); they are read as
+//! the kinds below (`LOCAL`, `CELL`, `FREE`).
 //! Rules (CPython 3.11+, `Include/internal/pycore_code.h` `CO_FAST_*`, `Objects/frameobject.c`
 //! `frame_get_var`): the value of local `i` is `frame->localsplus[i]` (a `PyObject *`, from 3.14
 //! a `_PyStackRef`: tag bits masked, `bits == 1` is NULL, low bits `11` a tagged int); NULL is
@@ -39,6 +42,7 @@ const MAX_CACHED: usize = 1 << 14;
 const CO_VARARGS: u32 = 0x4;
 const CO_VARKEYWORDS: u32 = 0x8;
 const CO_FAST_HIDDEN: u8 = 0x10;
+const CO_FAST_LOCAL: u8 = 0x20;
 const CO_FAST_CELL: u8 = 0x40;
 const CO_FAST_FREE: u8 = 0x80;
 
@@ -52,11 +56,13 @@ pub struct Local {
     pub value: String,
 }
 
-/// Names, kinds and argument count of one code object.
+/// Names, kinds, slots and argument count of one code object.
 #[derive(Debug)]
 struct LocalsMeta {
     names: Vec<String>,
     kinds: Vec<u8>,
+    /// The `localsplus` slot of each name.
+    slots: Vec<usize>,
     nargs: usize,
 }
 
@@ -73,26 +79,10 @@ impl LocalsCache {
     }
 }
 
-fn meta(ctx: Ctx<'_>, code: u64) -> Result<LocalsMeta, ObjError> {
-    let (mem, c) = (ctx.mem, &ctx.layout.code);
-    let (Some(names_off), Some(kinds_off)) = (c.localsplusnames, c.localspluskinds) else {
-        return Err(ObjError::Invalid {
-            what: "no co_localsplusnames before CPython 3.11",
-            addr: code,
-        });
-    };
-    let names_tuple = mem.read_u64(code.wrapping_add(names_off))?;
-    let kinds_bytes = mem.read_u64(code.wrapping_add(kinds_off))?;
-    let (items, len) = seq_items(ctx, names_tuple, Seq::Tuple, MAX_LOCALS)?;
-    let (kinds, klen) = read_bytes_prefix(mem, ctx.layout, kinds_bytes, MAX_LOCALS)?;
-    if klen != len {
-        return Err(ObjError::Invalid {
-            what: "co_localspluskinds does not match co_localsplusnames",
-            addr: code,
-        });
-    }
-    let known = &ctx.target.known;
-    let str_type = known.get(Known::Str);
+/// The `str`s of the tuple at `tuple` (at most [`MAX_LOCALS`]), type-checked.
+fn names_of(ctx: Ctx<'_>, tuple: u64) -> Result<Vec<String>, ObjError> {
+    let (items, _) = seq_items(ctx, tuple, Seq::Tuple, MAX_LOCALS)?;
+    let str_type = ctx.target.known.get(Known::Str);
     let mut names = Vec::with_capacity(items.len());
     for it in items {
         if str_type.is_some() && str_type != Some(type_of(ctx, it)?) {
@@ -101,8 +91,13 @@ fn meta(ctx: Ctx<'_>, code: u64) -> Result<LocalsMeta, ObjError> {
                 addr: it,
             });
         }
-        names.push(read_str(mem, ctx.layout, it, MAX_NAME_CHARS)?);
+        names.push(read_str(ctx.mem, ctx.layout, it, MAX_NAME_CHARS)?);
     }
+    Ok(names)
+}
+
+fn meta(ctx: Ctx<'_>, code: u64) -> Result<LocalsMeta, ObjError> {
+    let (mem, c) = (ctx.mem, &ctx.layout.code);
     let word = |off| mem.read_u32(code.wrapping_add(off));
     let argcount = word(c.argcount)? as usize;
     let kwonly = word(c.kwonlyargcount)? as usize;
@@ -111,11 +106,69 @@ fn meta(ctx: Ctx<'_>, code: u64) -> Result<LocalsMeta, ObjError> {
         .saturating_add(kwonly)
         .saturating_add(usize::from(flags & CO_VARARGS != 0))
         .saturating_add(usize::from(flags & CO_VARKEYWORDS != 0));
-    Ok(LocalsMeta {
+    let ptr = |off: u64| mem.read_u64(code.wrapping_add(off));
+    if let (Some(names_off), Some(kinds_off)) = (c.localsplusnames, c.localspluskinds) {
+        let names = names_of(ctx, ptr(names_off)?)?;
+        let (kinds, _) = read_bytes_prefix(mem, ctx.layout, ptr(kinds_off)?, MAX_LOCALS)?;
+        if kinds.len() != names.len() {
+            return Err(ObjError::Invalid {
+                what: "co_localspluskinds does not match co_localsplusnames",
+                addr: code,
+            });
+        }
+        let slots = (0..names.len()).collect();
+        return Ok(LocalsMeta {
+            names,
+            kinds,
+            slots,
+            nargs,
+        });
+    }
+    let (Some(var), Some(cell), Some(free)) = (c.varnames, c.cellvars, c.freevars) else {
+        return Err(ObjError::Invalid {
+            what: "the layout names no locals",
+            addr: code,
+        });
+    };
+    Ok(classic_meta(
+        names_of(ctx, ptr(var)?)?,
+        &names_of(ctx, ptr(cell)?)?,
+        &names_of(ctx, ptr(free)?)?,
+        nargs,
+    ))
+}
+
+/// Up to 3.10: `f_localsplus` holds `co_varnames`' values, then a cell per `co_cellvars`, then
+/// a cell per `co_freevars`. An argument that is also a cell variable is named in both; its
+/// cell is made when the frame starts and its own slot cleared (`co_cell2arg`), so it is shown
+/// once, in its argument's place, from its cell.
+fn classic_meta(var: Vec<String>, cell: &[String], free: &[String], nargs: usize) -> LocalsMeta {
+    let mut names = var;
+    let mut kinds = vec![CO_FAST_LOCAL; names.len()];
+    let mut slots: Vec<usize> = (0..names.len()).collect();
+    let base = names.len();
+    for (i, n) in cell.iter().enumerate() {
+        if let Some(j) = names[..base].iter().position(|v| v == n) {
+            kinds[j] = CO_FAST_LOCAL | CO_FAST_CELL;
+            slots[j] = base + i;
+        } else {
+            names.push(n.clone());
+            kinds.push(CO_FAST_CELL);
+            slots.push(base + i);
+        }
+    }
+    for (i, n) in free.iter().enumerate() {
+        names.push(n.clone());
+        kinds.push(CO_FAST_FREE);
+        slots.push(base + cell.len() + i);
+    }
+    names.truncate(MAX_LOCALS);
+    LocalsMeta {
         names,
         kinds,
+        slots,
         nargs,
-    })
+    }
 }
 
 fn cached_meta(
@@ -174,7 +227,7 @@ pub fn frame_locals(
         counts.add(ErrorKind::LocalsUnreadable);
         return Vec::new();
     };
-    let n = m.names.len();
+    let n = m.slots.iter().max().map_or(0, |s| s + 1);
     let Ok(raw) = ctx.mem.read_vec(
         frame.wrapping_add(ctx.layout.frame.localsplus),
         n.saturating_mul(8),
@@ -186,7 +239,11 @@ pub fn frame_locals(
     let cell_type = ctx.target.known.get(Known::Cell);
     let mut out = Vec::with_capacity(n);
     for (i, (name, kind)) in m.names.iter().zip(&m.kinds).enumerate() {
-        let bits = u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let at = m.slots.get(i).copied().unwrap_or(i) * 8;
+        let Some(word) = raw.get(at..at + 8) else {
+            continue;
+        };
+        let bits = u64::from_le_bytes(word.try_into().unwrap_or_default());
         let mut s = slot(bits, mask);
         if let Slot::Object(obj) = s
             && kind & (CO_FAST_CELL | CO_FAST_FREE) != 0

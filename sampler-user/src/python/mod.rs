@@ -17,13 +17,13 @@
 //! Files: `memory` (trait, live and image memory) · `detect` (which mapped file is the runtime, asked of `procs`; its bias) · `layout`,
 //! `tables` and `facts` (the descriptor, the debug-offsets field lists, the per-version facts) ·
 //! `walker` (interpreters → threads → frames) · `code` (code cache, line resolution) ·
-//! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `dump` (the `dump` command).
+//! `linetable` · `unicode` · `gil` · `threadnames` · `errors` · `objects`, `values`, `repr`,
+//! `locals` (`dump --locals`). The `dump` command itself is the top-level `dump` module.
 //! Tests only: `testimage` + `testvalues` (synthetic images), `walker_tests`, `fuzz_tests`,
 //! `live_tests` (real interpreters; `SKIPPED:` when one is missing, a failure under `CI=true`).
 
 pub mod code;
 pub mod detect;
-pub mod dump;
 pub mod errors;
 mod facts;
 pub mod gil;
@@ -132,10 +132,34 @@ pub struct PythonProcess {
     layout: Arc<RuntimeLayout>,
     detected: Detected,
     target: Target,
-    mem: ProcessMemory,
+    mem: Box<dyn ReadMemory + Send>,
+    source: Source,
     codes: CodeCache,
     counts: ErrorCounts,
     limits: Limits,
+}
+
+/// Where a target's threads are named and numbered from.
+enum Source {
+    /// A live process: `/proc/PID/task`.
+    Live,
+    /// A memory image (a core file): its threads as (thread id, thread pointer).
+    Image { threads: Vec<(u32, u64)> },
+}
+
+/// A process known from a memory image (a core file) rather than as a live pid.
+pub struct ImageSource<'a> {
+    /// The pid it had.
+    pub pid: u32,
+    /// Its mappings.
+    pub mappings: &'a [crate::procs::Mapping],
+    /// Opens the file behind a mapping.
+    pub open: &'a dyn Fn(&crate::procs::Mapping) -> Option<std::fs::File>,
+    /// Its memory.
+    pub memory: Box<dyn ReadMemory + Send>,
+    /// Its threads: (thread id, thread pointer, which is `pthread_self()` on glibc and so
+    /// CPython's `thread_id`).
+    pub threads: Vec<(u32, u64)>,
 }
 
 fn layout_for(
@@ -186,12 +210,42 @@ impl PythonProcess {
     /// Finds the interpreter in `pid` by content and builds its layout.
     pub fn attach(pid: u32) -> Result<PythonProcess, PyError> {
         let candidates = detect::detect(pid)?;
-        let mem = ProcessMemory::new(pid);
+        Self::choose(
+            pid,
+            candidates,
+            Box::new(ProcessMemory::new(pid)),
+            Source::Live,
+        )
+    }
+
+    /// Finds the interpreter in a memory image (a core file) by content.
+    pub fn attach_image(src: ImageSource<'_>) -> Result<PythonProcess, PyError> {
+        let open = src.open;
+        let candidates = detect::detect_in(src.mappings, &|mine| {
+            let file = open(mine.first()?)?;
+            detect::python_elf(&file).map(Arc::new)
+        });
+        Self::choose(
+            src.pid,
+            candidates,
+            src.memory,
+            Source::Image {
+                threads: src.threads,
+            },
+        )
+    }
+
+    fn choose(
+        pid: u32,
+        candidates: Vec<Detected>,
+        mem: Box<dyn ReadMemory + Send>,
+        source: Source,
+    ) -> Result<PythonProcess, PyError> {
         let mut first_err = None;
         let mut chosen = None;
         for d in candidates {
             let attempt =
-                read_version(&mem, pid, &d).and_then(|v| Ok((v, layout_for(&mem, pid, &d, v)?)));
+                read_version(&*mem, pid, &d).and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v)?)));
             match attempt {
                 Ok((version, layout)) => {
                     // An embedding process can map two runtimes: prefer the initialised one.
@@ -245,6 +299,7 @@ impl PythonProcess {
             detected,
             target,
             mem,
+            source,
             codes: CodeCache::default(),
             counts: ErrorCounts::default(),
             limits: Limits::default(),
@@ -282,9 +337,9 @@ impl PythonProcess {
 
     /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
     pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
-        self.mem.new_snapshot();
+        self.mem.refresh();
         let ctx = Ctx {
-            mem: &self.mem,
+            mem: &*self.mem,
             layout: &self.layout,
             target: &self.target,
         };
@@ -317,9 +372,9 @@ impl PythonProcess {
 
     /// Every thread of every interpreter, with its stack, now.
     pub fn threads(&mut self) -> Result<Vec<PyThread>, PyError> {
-        self.mem.new_snapshot();
+        self.mem.refresh();
         let ctx = Ctx {
-            mem: &self.mem,
+            mem: &*self.mem,
             layout: &self.layout,
             target: &self.target,
         };
@@ -330,17 +385,45 @@ impl PythonProcess {
             &mut self.counts,
             self.limits,
         )?;
-        let host_tids = host_tid_map(self.pid);
         let pid = self.pid;
-        let os_name = |tid: u32| os_thread_name(pid, tid);
-        Ok(assemble(
-            ctx,
-            &interps,
-            &host_tids,
-            &os_name,
-            &mut self.counts,
-            self.limits,
-        ))
+        let threads = match &self.source {
+            Source::Live => {
+                let host_tids = host_tid_map(pid);
+                let os_name = |tid: u32| os_thread_name(pid, tid);
+                assemble(
+                    ctx,
+                    &interps,
+                    &host_tids,
+                    &os_name,
+                    &mut self.counts,
+                    self.limits,
+                )
+            }
+            Source::Image { threads } => {
+                let ids = image_thread_ids(&interps, threads);
+                assemble(
+                    ctx,
+                    &interps,
+                    &ids,
+                    &|_| None,
+                    &mut self.counts,
+                    self.limits,
+                )
+            }
+        };
+        Ok(threads)
+    }
+
+    /// One thread's frames (and locals, if the limits ask), read afresh from its thread state
+    /// (e.g. while `dump --native` holds the thread stopped).
+    pub fn thread_frames(&mut self, tstate: u64) -> Result<walker::WalkedFrames, PyError> {
+        self.mem.refresh();
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        walker::walk_thread(ctx, tstate, &mut self.codes, &mut self.counts, self.limits)
     }
 
     /// Resolves a frame captured elsewhere (e.g. in the kernel): code object + instruction
@@ -351,9 +434,9 @@ impl PythonProcess {
         instr_ptr: u64,
         tlbc_index: i32,
     ) -> Result<PyFrame, PyError> {
-        self.mem.new_snapshot();
+        self.mem.refresh();
         let ctx = Ctx {
-            mem: &self.mem,
+            mem: &*self.mem,
             layout: &self.layout,
             target: &self.target,
         };
@@ -431,6 +514,26 @@ pub fn assemble<S: std::hash::BuildHasher>(
                 tstate_addr: t.tstate,
                 attached: t.attached,
             });
+        }
+    }
+    out
+}
+
+/// A memory image's threads by the walked threads' native ids: matched by thread pointer
+/// (`pthread_self()` = `thread_id`, whatever pid namespace the image's thread ids are in), else
+/// by equal thread ids.
+fn image_thread_ids(interps: &[walker::RawInterp], threads: &[(u32, u64)]) -> HashMap<u32, u32> {
+    let mut out = HashMap::new();
+    for t in interps.iter().flat_map(|i| &i.threads) {
+        let Ok(native) = u32::try_from(t.native_thread_id) else {
+            continue;
+        };
+        let by_pointer = threads
+            .iter()
+            .find(|(_, fs)| *fs != 0 && *fs == t.thread_id);
+        let by_id = threads.iter().find(|(tid, _)| *tid == native);
+        if let Some((tid, _)) = by_pointer.or(by_id) {
+            out.insert(native, *tid);
         }
     }
     out

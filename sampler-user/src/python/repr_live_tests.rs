@@ -1,4 +1,4 @@
-//! `repr` against the real interpreters: each provisioned CPython (3.12, 3.13, 3.13t, Debian's
+//! `repr` against the real interpreters: each provisioned CPython (3.8–3.13, 3.13t, Debian's
 //! 3.14 and 3.15) prints `repr()` of thousands of seeded random floats (from random bit
 //! patterns), ints (up to 3,000 bits, both signs), strings (code points from every plane,
 //! surrogates, quotes and controls) and byte strings; `python::repr` must print exactly the
@@ -89,7 +89,12 @@ fn reprs_match(name: &'static str) {
     let Some(i) = interp(name) else { return };
     let v = run(&i, SCRIPT);
     let unicode = v["unicode"].as_str().unwrap();
-    let minor: u8 = name[2..4].parse().unwrap();
+    let minor: u8 = name
+        .split('.')
+        .nth(1)
+        .map(|m| m.trim_end_matches(|c: char| !c.is_ascii_digit()))
+        .and_then(|m| m.parse().ok())
+        .unwrap();
     let facts = version_facts(3, minor, name.ends_with('t')).unwrap();
     assert_eq!(
         facts.unicode_version, unicode,
@@ -157,6 +162,26 @@ fn reprs_match(name: &'static str) {
         wrong.is_empty(),
         "{name}: Unicode {unicode}: the table is wrong for {wrong:x?} (cargo xtask gen-printable)"
     );
+}
+
+#[test]
+fn reprs_match_3_8() {
+    reprs_match("3.8");
+}
+
+#[test]
+fn reprs_match_3_9() {
+    reprs_match("3.9");
+}
+
+#[test]
+fn reprs_match_3_10() {
+    reprs_match("3.10");
+}
+
+#[test]
+fn reprs_match_3_11() {
+    reprs_match("3.11");
 }
 
 #[test]

@@ -161,6 +161,30 @@ impl ImageBuilder {
         code
     }
 
+    /// Up to 3.10: a code object whose locals are named by `co_varnames`, `co_cellvars` and
+    /// `co_freevars`.
+    pub fn code_with_classic_locals(
+        &mut self,
+        spec: &CodeSpec<'_>,
+        (var, cell, free): (&[&str], &[&str], &[&str]),
+        (argcount, kwonly, flags): (u32, u32, u32),
+    ) -> u64 {
+        let code = self.code(spec);
+        let c = self.layout.code.clone();
+        let (Some(v_at), Some(c_at), Some(f_at)) = (c.varnames, c.cellvars, c.freevars) else {
+            panic!("{:?} has no co_varnames", self.layout.version);
+        };
+        for (at, names) in [(v_at, var), (c_at, cell), (f_at, free)] {
+            let strs: Vec<u64> = names.iter().map(|n| self.str_object(n)).collect();
+            let t = self.tuple_object(&strs);
+            self.w64(code + at, t);
+        }
+        self.w32(code + c.argcount, argcount);
+        self.w32(code + c.kwonlyargcount, kwonly);
+        self.w32(code + c.flags, flags);
+        code
+    }
+
     /// How a build stores an object reference in a `localsplus` slot (`borrowed` sets the
     /// stackref bit 0 on 3.14+); `None` is NULL.
     pub fn slot(&self, obj: Option<u64>, borrowed: bool) -> u64 {
@@ -408,6 +432,54 @@ mod tests {
                     ("free", false, "[1]"),
                     ("empty", false, "<unbound>"),
                     ("données", false, "'é'"),
+                ],
+                "{flavor:?}"
+            );
+            assert_eq!(counts.total(), 0, "{flavor:?}");
+        }
+    }
+
+    /// Up to 3.10: `f_localsplus` holds `co_varnames`, then the cells of `co_cellvars`, then
+    /// those of `co_freevars`; an argument that is also a cell variable (`kw`) had its own slot
+    /// cleared when its cell was made, and is shown once, as an argument, from its cell.
+    #[test]
+    fn classic_frame_locals_3_8_to_3_10() {
+        for flavor in [Flavor::V38, Flavor::V39, Flavor::V310] {
+            let mut b = ImageBuilder::new(flavor);
+            let code = b.code_with_classic_locals(
+                &CodeSpec::simple("f", "/a.py", 1, &[(1, 4)]),
+                (&["a", "kw", "x", "unset"], &["kw", "c"], &["fr"]),
+                (2, 0, 0),
+            );
+            let one = b.small_int(1);
+            let x = b.float_object(2.5);
+            let kw = {
+                let s = b.str_object("kw");
+                b.cell_object(s)
+            };
+            let c = {
+                let t = b.tuple_object(&[]);
+                b.cell_object(t)
+            };
+            let fr = {
+                let l = b.list_object(&[one]);
+                b.cell_object(l)
+            };
+            let frame = b.frame_with_locals(code, 1, 0, &[one, 0, x, 0, kw, c, fr]);
+            let (got, counts) = locals_of(&b, frame, code);
+            let got: Vec<(&str, bool, &str)> = got
+                .iter()
+                .map(|l| (l.name.as_str(), l.arg, l.value.as_str()))
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    ("a", true, "1"),
+                    ("kw", true, "'kw'"),
+                    ("x", false, "2.5"),
+                    ("unset", false, "<unbound>"),
+                    ("c", false, "()"),
+                    ("fr", false, "[1]"),
                 ],
                 "{flavor:?}"
             );

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use super::PyFrame;
 use super::code::{CodeCache, Ctx, resolve};
 use super::errors::{ErrorCounts, ErrorKind, PyError};
-use super::layout::HoldsGil;
+use super::layout::{EntryRule, HoldsGil};
 use super::locals::{Local, frame_locals};
 use super::memory::{MemError, field_u8, field_u32, field_u64};
 use super::values::ValueLimits;
@@ -190,19 +190,7 @@ fn walk_threads(
     let mut threads = Vec::with_capacity(list.len());
     for TstateCopy { addr: ts, buf } in list {
         let f64_ = |off| field_u64(&buf, off).unwrap_or(0);
-        let mut frame = f64_(t.current_frame);
-        if let (Some(inner), true) = (t.cframe_current_frame, frame != 0) {
-            frame = match mem.read_u64(frame.wrapping_add(inner)) {
-                Ok(f) => f,
-                Err(e) => {
-                    if let Some(f) = fatal(ctx.target.pid, e) {
-                        return Err(f);
-                    }
-                    counts.add(ErrorKind::MemoryRead);
-                    0
-                }
-            };
-        }
+        let frame = top_frame(ctx, &buf, counts)?;
         let holds_gil = match t.holds_gil {
             HoldsGil::Unknown => None,
             HoldsGil::StatusBit { offset, bit } => {
@@ -211,7 +199,8 @@ fn walk_threads(
             HoldsGil::Int { offset } => field_u32(&buf, offset).map(|w| w != 0),
         };
         let attached = t.state.and_then(|off| field_u32(&buf, off)).map(|s| s == 1);
-        let walked = walk_frames_with(ctx, frame, cache, counts, limits)?;
+        let base = base_frame(ctx, &buf);
+        let walked = walk_frames_with(ctx, frame, base, cache, counts, limits)?;
         let thread_id = f64_(t.thread_id);
         let native_thread_id = match t.native_thread_id {
             Some(off) => f64_(off),
@@ -230,6 +219,52 @@ fn walk_threads(
         });
     }
     Ok(threads)
+}
+
+/// 3.15+: the address of the thread state's base frame (0 before 3.15).
+fn base_frame(ctx: Ctx<'_>, buf: &[u8]) -> u64 {
+    ctx.layout
+        .tstate
+        .base_frame
+        .and_then(|off| field_u64(buf, off))
+        .unwrap_or(0)
+}
+
+/// The innermost frame of the thread state copied in `buf` (3.12: through `cframe`).
+fn top_frame(ctx: Ctx<'_>, buf: &[u8], counts: &mut ErrorCounts) -> Result<u64, PyError> {
+    let t = &ctx.layout.tstate;
+    let frame = field_u64(buf, t.current_frame).unwrap_or(0);
+    let (Some(inner), true) = (t.cframe_current_frame, frame != 0) else {
+        return Ok(frame);
+    };
+    match ctx.mem.read_u64(frame.wrapping_add(inner)) {
+        Ok(f) => Ok(f),
+        Err(e) => {
+            if let Some(f) = fatal(ctx.target.pid, e) {
+                return Err(f);
+            }
+            counts.add(ErrorKind::MemoryRead);
+            Ok(0)
+        }
+    }
+}
+
+/// The frames of one thread state, read afresh (`dump --native` reads each thread again while
+/// it is stopped).
+pub fn walk_thread(
+    ctx: Ctx<'_>,
+    tstate: u64,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    limits: Limits,
+) -> Result<WalkedFrames, PyError> {
+    let mut buf = vec![0u8; ctx.layout.tstate.size as usize];
+    ctx.mem
+        .read(tstate, &mut buf)
+        .map_err(|e| PyError::from_mem(ctx.target.pid, e))?;
+    let frame = top_frame(ctx, &buf, counts)?;
+    let base = base_frame(ctx, &buf);
+    walk_frames_with(ctx, frame, base, cache, counts, limits)
 }
 
 /// Copies the thread states of `interp`'s list. Returns the copies that passed validation and
@@ -302,15 +337,18 @@ pub fn walk_frames(
         max_depth,
         ..Limits::default()
     };
-    let w = walk_frames_with(ctx, first, cache, counts, limits)?;
+    let w = walk_frames_with(ctx, first, 0, cache, counts, limits)?;
     Ok((w.frames, w.truncated))
 }
 
 /// Follows `previous` from `first`, keeping entry frames and, when `limits.locals` asks for
 /// them, every Python frame's arguments and locals (read right after the frame itself).
+/// `base` (3.15+: the thread state's base frame, else 0) ends the chain without being an
+/// entry frame: it belongs to no eval-loop activation.
 pub fn walk_frames_with(
     ctx: Ctx<'_>,
     first: u64,
+    base: u64,
     cache: &mut CodeCache,
     counts: &mut ErrorCounts,
     limits: Limits,
@@ -355,7 +393,15 @@ pub fn walk_frames_with(
                 .and_then(|o| field_u32(&buf, o))
                 .map_or(0, |v| v as i32);
             match code_from_executable(exec, f.stackref_tag_mask) {
-                None => counts.add(ErrorKind::BadExecutable),
+                None => {
+                    counts.add(ErrorKind::BadExecutable);
+                    // A Python frame without code that also ends the chain is not a frame at
+                    // all (memory that was zeroed, e.g. a core file that lacks it): what was
+                    // below it is lost.
+                    if previous == 0 {
+                        out.truncated = true;
+                    }
+                }
                 Some(code) => match resolve(ctx, cache, counts, code, instr, tlbc) {
                     Ok(r) if r.is_init_shim => {}
                     Ok(r) => {
@@ -369,7 +415,20 @@ pub fn walk_frames_with(
                     Err(e) => counts.add(e.kind()),
                 },
             }
-        } else {
+            // ≤ 3.11 has no entry frames: the outermost frame of each eval-loop activation
+            // ends it (every frame up to 3.10; the one with `is_entry` set in 3.11).
+            let ends = match f.entry {
+                EntryRule::EveryFrame => true,
+                EntryRule::EntryFlag => f
+                    .is_entry
+                    .and_then(|o| field_u8(&buf, o))
+                    .is_some_and(|v| v != 0),
+                EntryRule::OwnerAtLeast(_) => false,
+            };
+            if ends {
+                out.items.push(ChainItem::Entry);
+            }
+        } else if addr != base {
             out.items.push(ChainItem::Entry);
         }
         addr = previous;

@@ -387,3 +387,40 @@ fn thread_cap_and_thread_list_loops() {
     assert_eq!(threads.len(), 10);
     assert_eq!(counts.get(ErrorKind::BadThreadList), 1);
 }
+
+/// The chain keeps the eval-loop activations (for the `--native` merge): up to 3.10 every
+/// frame ends one; 3.11 the frame with `is_entry` set; from 3.12 an entry frame (owner 3), the
+/// 3.15 base frame not counting.
+#[test]
+fn chain_items_mark_every_activation() {
+    use super::walker::{ChainItem, walk_thread};
+    use ChainItem::{Entry as E, Frame as F};
+    for flavor in Flavor::ALL {
+        let mut b = ImageBuilder::new(flavor);
+        let (outer, inner) = (
+            b.code(&CodeSpec::simple("outer", "/a.py", 1, &[(1, 4)])),
+            b.code(&CodeSpec::simple("inner", "/a.py", 5, &[(5, 4)])),
+        );
+        // outer, called from C (an activation), calls inner through C (another activation).
+        let bottom = b.entry_frame(0);
+        let f_outer = b.frame(outer, 1, bottom);
+        let middle = b.entry_frame(f_outer);
+        let f_inner = b.frame(inner, 1, middle);
+        let l = b.layout().clone();
+        if let Some(off) = l.frame.is_entry {
+            b.write(f_outer + off, &[1]);
+            b.write(f_inner + off, &[1]);
+        }
+        let ts = b.thread(7, 0x70, f_inner);
+        let (mem, target) = (b.memory(), b.target());
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &l,
+            target: &target,
+        };
+        let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
+        let w = walk_thread(ctx, ts, &mut cache, &mut counts, Limits::default()).unwrap();
+        assert_eq!(w.frames.len(), 2, "{flavor:?}");
+        assert_eq!(w.items, [F(0), E, F(1), E], "{flavor:?}: two activations");
+    }
+}

@@ -66,7 +66,10 @@ fn locals(name: &str) {
     let dump = dump_json_with(w.pid, &["--locals"]);
     let t = thread(&dump, "locals-thread");
     let frames = t["frames"].as_array().unwrap();
-    assert_eq!(frames[0]["function"], "outer.<locals>.inner", "{t}");
+    // `outer.<locals>.inner` from 3.11 (co_qualname); `inner` before: as CPython names it.
+    let (_, _, cpython) = w.thread("locals-thread");
+    assert_eq!(frames[0]["function"], cpython[0].function.as_str(), "{t}");
+    assert!(cpython[0].function.ends_with("inner"), "{cpython:?}");
     assert_eq!(frames[1]["function"], "outer", "{t}");
     let inner = dumped(&frames[0]);
     let outer = dumped(&frames[1]);
@@ -134,6 +137,36 @@ fn locals(name: &str) {
             "{name}: {l} is longer than --locals-max-len 12"
         );
     }
+}
+
+#[test]
+fn locals_3_8() {
+    locals("3.8");
+}
+
+#[test]
+fn locals_3_9() {
+    locals("3.9");
+}
+
+#[test]
+fn locals_3_9_bullseye() {
+    locals("3.9-bullseye");
+}
+
+#[test]
+fn locals_3_10() {
+    locals("3.10");
+}
+
+#[test]
+fn locals_3_11() {
+    locals("3.11");
+}
+
+#[test]
+fn locals_3_11_debian() {
+    locals("3.11-debian");
 }
 
 #[test]

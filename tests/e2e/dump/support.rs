@@ -165,10 +165,34 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// The directory the workload was installed in, as the host sees it (removed on drop).
+    pub fn host_dir(&self) -> &Path {
+        &self.host_dir
+    }
+
+    /// Sends `signal` to the Python process (our child: a plain launch) and waits until it is
+    /// gone; returns how it ended.
+    pub fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
+        assert_eq!(
+            self.guard.as_ref().map(Guard::pid),
+            Some(self.pid),
+            "signal_and_wait needs a plain launch"
+        );
+        // SAFETY: kill(2) on the process this test started (still our unreaped child).
+        unsafe { libc::kill(self.pid as i32, signal) };
+        let guard = self.guard.as_mut().expect("a running workload");
+        let status = guard.0.wait().expect("wait for the workload");
+        self.guard = None;
+        status
+    }
+}
+
 impl Drop for Workload {
     fn drop(&mut self) {
+        // Without a guard the process was already waited for (its pid may be reused now).
         let spawned = self.guard.as_ref().map(Guard::pid);
-        if spawned != Some(self.pid) {
+        if spawned.is_some_and(|p| p != self.pid) {
             // The Python process is not our child (namespaced launch): kill it by pid; unshare's
             // --kill-child would do it too once the guard kills unshare.
             // SAFETY: kill(2) on a pid this test started.
@@ -349,8 +373,22 @@ fn keys(v: &Value, expected: &[&str], what: &str) {
 }
 
 /// Checks `dump --json` output against the contract: exact keys and value types.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one flat walk over the contract, field by field"
+)]
 pub fn check_schema(v: &Value, pid: u32) {
-    keys(v, &["pid", "python", "threads"], "top level");
+    let mut top = vec!["pid", "python", "threads"];
+    if v.get("native").is_some() {
+        // `--native`: the pauses.
+        top.push("native");
+        keys(
+            &v["native"],
+            &["threads_stopped", "pause_us_max", "pause_us_total"],
+            "native",
+        );
+    }
+    keys(v, &top, "top level");
     assert_eq!(
         v["pid"].as_u64(),
         Some(u64::from(pid)),
@@ -383,19 +421,30 @@ pub fn check_schema(v: &Value, pid: u32) {
     assert!(!threads.is_empty(), "no threads: {v}");
     for t in threads {
         let what = format!("thread {}", t["name"]);
-        keys(
-            t,
-            &[
-                "tid",
-                "native_thread_id",
-                "python_thread_id",
-                "name",
-                "gil",
-                "truncated",
-                "frames",
-            ],
-            &what,
-        );
+        let mut fields = vec![
+            "tid",
+            "native_thread_id",
+            "python_thread_id",
+            "name",
+            "gil",
+            "truncated",
+            "frames",
+        ];
+        if t.get("native").is_some() {
+            fields.push("native");
+            keys(
+                &t["native"],
+                &["pause_us", "merge", "truncated", "error"],
+                &format!("{what}: native"),
+            );
+            assert!(
+                ["merged", "mismatch", "native_only"]
+                    .contains(&t["native"]["merge"].as_str().unwrap_or_default()),
+                "{what}: merge {}",
+                t["native"]
+            );
+        }
+        keys(t, &fields, &what);
         assert!(
             t["tid"].is_u64() || t["tid"].is_null(),
             "{what}: tid {}",
@@ -431,12 +480,27 @@ pub fn check_schema(v: &Value, pid: u32) {
             .as_array()
             .unwrap_or_else(|| panic!("{what}: frames not an array"))
         {
-            let fields: &[&str] = if f.get("locals").is_some() {
-                &["function", "file", "line", "first_line", "locals"]
-            } else {
-                &["function", "file", "line", "first_line"]
+            let mut fields = match f.get("kind").and_then(Value::as_str) {
+                None => vec!["function", "file", "line", "first_line"],
+                Some("python") => vec!["kind", "function", "file", "line", "first_line"],
+                Some("native") => {
+                    keys(
+                        f,
+                        &["kind", "function", "module", "file", "line", "address"],
+                        &format!("{what}: native frame"),
+                    );
+                    continue;
+                }
+                Some("marker") => {
+                    keys(f, &["kind", "function"], &format!("{what}: marker"));
+                    continue;
+                }
+                Some(other) => panic!("{what}: frame kind {other}"),
             };
-            keys(f, fields, &format!("{what}: frame"));
+            if f.get("locals").is_some() {
+                fields.push("locals");
+            }
+            keys(f, &fields, &format!("{what}: frame"));
             Frame::from_json(f);
             for l in f["locals"].as_array().map_or(&[][..], Vec::as_slice) {
                 keys(l, &["name", "arg", "value"], &format!("{what}: local"));

@@ -16,6 +16,11 @@ import time
 
 # A workload never outlives its test by much, even if the test process dies without killing it.
 MAX_LIFETIME_S = 900
+
+# The kernel writes a core file into the crashing process's working directory (core_pattern
+# "core"): a test that wants one there asks for the script's own directory.
+if os.environ.get("PYEBPF_CHDIR_TO_SCRIPT"):
+    os.chdir(os.path.dirname(os.path.abspath(sys.argv[0])))
 READY_TIMEOUT_S = 300
 
 
