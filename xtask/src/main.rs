@@ -6,12 +6,14 @@
 //! - `test [FILTER...]`: setup with interpreters, build, all tests as root, then the kernel
 //!   matrix (`test.rs`).
 //! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
+//! - `fuzz [--secs N] [--jobs J] [TARGET...]`: coverage-guided fuzzing (`fuzz.rs`).
 //! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
 mod apt;
 mod bench;
+mod fuzz;
 mod install;
 mod interpreters;
 mod printable;
@@ -96,6 +98,18 @@ enum Cmd {
         #[arg(long, default_value_t = vm::DEFAULT_JOBS)]
         jobs: usize,
     },
+    /// Coverage-guided fuzzing (cargo fuzz): seeds, one build, then every target (or the
+    /// ones named) for SECS seconds; prints executions, coverage and crashes per target.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Targets fuzzed at once.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// python_reader, debug_offsets, elf, eh_frame, saved, core (default: all).
+        targets: Vec<String>,
+    },
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
     /// kernel matrix (`vm-test --kernel all`).
     Test {
@@ -163,6 +177,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
+        Cmd::Fuzz {
+            secs,
+            jobs,
+            targets,
+        } => {
+            let toolchain = rust::ensure_ebpf_toolchain()?;
+            fuzz::run(&fuzz::Options {
+                secs,
+                jobs,
+                targets,
+                toolchain,
+            })
+            .map(drop)
+        }
     }
 }
 

@@ -64,6 +64,11 @@ pub fn run(opts: &Options) -> Result<Ready> {
     if let Err(e) = t.phase("bpf-linker", rust::ensure_bpf_linker) {
         errors.push(format!("bpf-linker: {e:#}"));
     }
+    if opts.interpreters
+        && let Err(e) = t.phase("cargo-fuzz", rust::ensure_cargo_fuzz)
+    {
+        errors.push(format!("cargo-fuzz: {e:#}"));
+    }
     if opts.interpreters {
         let cache = Cache::from_env();
         say(

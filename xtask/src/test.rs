@@ -11,6 +11,10 @@ use crate::interpreters::Cache;
 use crate::setup;
 use crate::sh::{self, Timings, say};
 
+/// Seconds each fuzz target runs in `cargo xtask test` (two at a time): a regression check
+/// from the kept corpora; the long runs are `cargo xtask fuzz --secs 600`.
+const FUZZ_SECS: u64 = 20;
+
 pub fn run(no_apt: bool, args: &[OsString]) -> Result<()> {
     if !sh::is_root() {
         sh::reexec_as_root("`cargo xtask test`")?;
@@ -97,25 +101,13 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
     if e2e.is_err() {
         failed.push("e2e tests");
     }
-    if !args.is_empty() {
+    if args.is_empty() {
+        bounded_phases(t, &ready, &mut failed);
+    } else {
         say(
             "test",
-            "kernel matrix skipped: test arguments were given (`cargo xtask vm-test` runs it)",
+            "fuzzing and the kernel matrix skipped: test arguments were given (`cargo xtask fuzz`, `cargo xtask vm-test` run them)",
         );
-    } else if t
-        .phase("kernel matrix (vm-test)", || {
-            let bins = crate::vm::build(&ready)?;
-            let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
-            let rows = crate::vm::matrix(&bins, &kernels, None, crate::vm::DEFAULT_JOBS)?;
-            if rows.iter().all(|r| r.passed) {
-                Ok(())
-            } else {
-                bail!("failed")
-            }
-        })
-        .is_err()
-    {
-        failed.push("kernel matrix");
     }
     if setup::in_ci() && !ready.missing_interpreters.is_empty() {
         failed.push("setup (CI=true: test interpreters missing, see the setup output)");
@@ -127,4 +119,33 @@ fn phases(t: &mut Timings, no_apt: bool, args: &[OsString]) -> Result<()> {
         bail!("FAILED: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The phases that run only without test arguments: every fuzz target for [`FUZZ_SECS`],
+/// then the kernel matrix.
+fn bounded_phases(t: &mut Timings, ready: &setup::Ready, failed: &mut Vec<&'static str>) {
+    let fuzz = t.phase("fuzz (bounded)", || {
+        crate::fuzz::run(&crate::fuzz::Options {
+            secs: FUZZ_SECS,
+            jobs: 2,
+            targets: Vec::new(),
+            toolchain: ready.ebpf_toolchain.clone(),
+        })
+    });
+    if fuzz.is_err() {
+        failed.push("fuzz");
+    }
+    let matrix = t.phase("kernel matrix (vm-test)", || {
+        let bins = crate::vm::build(ready)?;
+        let kernels = crate::vm::parse_kernels(&["all".to_string()])?;
+        let rows = crate::vm::matrix(&bins, &kernels, None, crate::vm::DEFAULT_JOBS)?;
+        if rows.iter().all(|r| r.passed) {
+            Ok(())
+        } else {
+            bail!("failed")
+        }
+    });
+    if matrix.is_err() {
+        failed.push("kernel matrix");
+    }
 }

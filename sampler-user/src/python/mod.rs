@@ -35,6 +35,7 @@ pub mod memory;
 pub mod objects;
 mod printable_table;
 pub mod repr;
+pub mod snapshot;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
@@ -43,9 +44,9 @@ mod version;
 pub mod walker;
 
 #[cfg(test)]
-mod fuzz_tests;
+pub(crate) mod fuzz_tests;
 #[cfg(test)]
-mod live_tests;
+pub(crate) mod live_tests;
 #[cfg(test)]
 mod repr_live_tests;
 #[cfg(test)]
@@ -289,6 +290,7 @@ impl PythonProcess {
             runtime: detected.runtime_addr,
             pthread_tid,
             pycode_type: detected.pycode_type_addr,
+            pyframe_type: detected.pyframe_type_addr,
             image: detected.image.clone(),
             known: detected.known.clone(),
         };
