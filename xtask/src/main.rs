@@ -7,6 +7,8 @@
 //!   matrix (`test.rs`).
 //! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
 //! - `fuzz [--secs N] [--jobs J] [TARGET...]`: coverage-guided fuzzing (`fuzz.rs`).
+//! - `lint`: `cargo fmt --check` and clippy (warnings as errors) on the workspace and the
+//!   eBPF crate (`lint.rs`); `test` runs it first.
 //! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
@@ -16,6 +18,7 @@ mod bench;
 mod fuzz;
 mod install;
 mod interpreters;
+mod lint;
 mod printable;
 mod rust;
 mod setup;
@@ -110,6 +113,9 @@ enum Cmd {
         /// python_reader, debug_offsets, elf, eh_frame, saved, core (default: all).
         targets: Vec<String>,
     },
+    /// `cargo fmt --check`, clippy with warnings as errors on the workspace and on the eBPF
+    /// crate for its target.
+    Lint,
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
     /// kernel matrix (`vm-test --kernel all`).
     Test {
@@ -177,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
+        Cmd::Lint => lint::run(&rust::ensure_ebpf_toolchain()?),
         Cmd::Fuzz {
             secs,
             jobs,

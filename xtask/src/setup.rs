@@ -36,8 +36,9 @@ impl Ready {
     }
 }
 
+/// `CI=true`, exactly as `.ci/run` sets it (the tests' own policy, crate `prereq`).
 pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    prereq::in_ci()
 }
 
 pub fn run(opts: &Options) -> Result<Ready> {
