@@ -5,7 +5,7 @@ use super::*;
 
 /// The one prerequisite policy (crate `prereq`): `missing(what)` fails under `CI=true` and
 /// is a counted, loud skip elsewhere (returns `true`: `if !exists && missing(..) { return; }`).
-pub(crate) use prereq::{is_root, missing};
+pub(crate) use prereq::missing;
 
 /// Whether privileged tests can run (root); otherwise [`missing`] (a failure under `CI=true`).
 pub(crate) fn require_root(test: &str) -> bool {
