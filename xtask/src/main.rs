@@ -7,6 +7,8 @@
 //!   matrix (`test.rs`).
 //! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
 //! - `fuzz [--secs N] [--jobs J] [TARGET...]`: coverage-guided fuzzing (`fuzz.rs`).
+//! - `soak [--mins N] [--count K] [--release]`: `record --all -r 1000` on a churning host
+//!   (`soak.rs`).
 //! - `lint`: `cargo fmt --check` and clippy (warnings as errors) on the workspace and the
 //!   eBPF crate (`lint.rs`); `test` runs it first.
 //! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
@@ -23,6 +25,7 @@ mod printable;
 mod rust;
 mod setup;
 mod sh;
+mod soak;
 mod test;
 mod vm;
 
@@ -113,6 +116,21 @@ enum Cmd {
         /// python_reader, debug_offsets, elf, eh_frame, saved, core (default: all).
         targets: Vec<String>,
     },
+    /// `record --all -r 1000` while short-lived Python processes (3.12, 3.13, 3.13t) come and
+    /// go, a 3.13t process churns threads and a shell execs in a loop; reports crashes, lost
+    /// samples, errors, RSS every 10 s and the share of short-lived processes seen with their
+    /// Python frames (as root).
+    Soak {
+        /// Minutes of churn.
+        #[arg(long, default_value_t = 10.0)]
+        mins: f64,
+        /// Short-lived processes started over the run (default: 100 a minute).
+        #[arg(long)]
+        count: Option<usize>,
+        /// Soak the release build (default: the debug build the tests use).
+        #[arg(long)]
+        release: bool,
+    },
     /// `cargo fmt --check`, clippy with warnings as errors on the workspace and on the eBPF
     /// crate for its target.
     Lint,
@@ -183,6 +201,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
+        Cmd::Soak {
+            mins,
+            count,
+            release,
+        } => soak::run(&soak::Options {
+            mins,
+            count: count.unwrap_or((mins * 100.0).round() as usize),
+            release,
+        })
+        .map(drop),
         Cmd::Lint => lint::run(&rust::ensure_ebpf_toolchain()?),
         Cmd::Fuzz {
             secs,

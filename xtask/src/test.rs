@@ -146,8 +146,8 @@ fn tier(
     .is_ok()
 }
 
-/// The phases that run only without test arguments: every fuzz target for [`FUZZ_SECS`],
-/// then the kernel matrix.
+/// The phases that run only without test arguments: every fuzz target for [`FUZZ_SECS`], the
+/// soak for a minute, then the kernel matrix.
 fn bounded_phases(t: &mut Timings, ready: &setup::Ready, failed: &mut Vec<&'static str>) {
     let fuzz = t.phase("fuzz (bounded)", || {
         crate::fuzz::run(&crate::fuzz::Options {
@@ -159,6 +159,16 @@ fn bounded_phases(t: &mut Timings, ready: &setup::Ready, failed: &mut Vec<&'stat
     });
     if fuzz.is_err() {
         failed.push("fuzz");
+    }
+    let soak = t.phase("soak (1 min)", || {
+        crate::soak::run(&crate::soak::Options {
+            mins: 1.0,
+            count: 100,
+            release: false,
+        })
+    });
+    if soak.is_err() {
+        failed.push("soak");
     }
     let matrix = t.phase("kernel matrix (vm-test)", || {
         let bins = crate::vm::build(ready)?;

@@ -237,14 +237,16 @@ pub fn eh_frame(data: &[u8]) {
     let info = ExplicitModuleSectionInfo {
         base_svma: base,
         text_svma: Some(base..addr),
-        eh_frame_svma: Some(addr..addr + section.len() as u64),
+        eh_frame_svma: Some(addr..addr.saturating_add(section.len() as u64)),
         eh_frame: Some(bytes),
         ..ExplicitModuleSectionInfo::default()
     };
     let mut unwinder = UnwinderX86_64::new();
     unwinder.add_module(Module::new(
         "fuzz".to_owned(),
-        base..addr.saturating_add(section.len() as u64).max(base + 1),
+        base..addr
+            .saturating_add(section.len() as u64)
+            .max(base.saturating_add(1)),
         base,
         info,
     ));
