@@ -77,6 +77,10 @@ struct RecordArgs {
     /// GIL is reported and excluded).
     #[arg(long)]
     gil: bool,
+    /// Wall clock: Python threads of the targets are sampled off a CPU too (sleeping, blocked,
+    /// waiting for a CPU or the GIL), each stack ending in its state (`--wall` is the same).
+    #[arg(long, visible_alias = "wall")]
+    idle: bool,
     /// With -p: also profile processes the targets start.
     #[arg(short = 's', long)]
     subprocesses: bool,
@@ -214,6 +218,9 @@ struct TopArgs {
     /// Only samples of threads that hold the GIL.
     #[arg(long)]
     gil: bool,
+    /// Wall clock: Python threads are sampled off a CPU too, with their state.
+    #[arg(long, visible_alias = "wall")]
+    idle: bool,
 }
 
 fn main() -> ExitCode {
@@ -286,6 +293,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         kernel: a.kernel,
         threads: a.threads,
         gil: a.gil,
+        idle: a.idle,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
         ring_bytes: a.ring_size,
@@ -396,6 +404,7 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         native: a.native,
         kernel: a.kernel,
         gil: a.gil,
+        idle: a.idle,
     };
     pyebpf::top::require_terminal()?;
     cfg.validate()?;

@@ -18,6 +18,7 @@ pub mod btf;
 mod counters;
 mod decode;
 mod error;
+mod offcpu;
 mod python_procs;
 mod targets;
 mod tracefs;
@@ -42,10 +43,11 @@ pub use counters::CounterTotals;
 pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy, decode_record};
 pub use error::CollectError;
 use error::{errno_of, one_line};
+pub use offcpu::{OffCpuMap, Seed};
 pub use python_procs::PythonProcMap;
 use sampler_common::{
-    Config, Counter, KERNEL_STACKS_ENTRIES, PyCapture, STACK_SIZE_CLASSES, SampleEvent,
-    TARGET_PIDS_ENTRIES, maps, programs,
+    Config, Counter, KERNEL_STACKS_ENTRIES, OFFCPU_ENTRIES, PyCapture, STACK_SIZE_CLASSES,
+    SampleEvent, TARGET_PIDS_ENTRIES, maps, programs,
 };
 pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
@@ -110,6 +112,8 @@ pub struct CollectConfig {
     pub self_pid: u32,
     /// Which variant of the sampling program to load (`variant.rs`).
     pub variant: VariantChoice,
+    /// `--idle`: follow target Python threads off a CPU too (`sched_switch`, `sched_wakeup`).
+    pub idle: bool,
 }
 
 impl Default for CollectConfig {
@@ -124,6 +128,7 @@ impl Default for CollectConfig {
             ring_bytes: 0,
             self_pid: std::process::id(),
             variant: VariantChoice::Auto,
+            idle: false,
         }
     }
 }
@@ -164,6 +169,10 @@ pub struct Collector {
     targets: targets::TargetPids,
     /// `PY_PROCS`, until [`Collector::take_python_procs`] hands it out.
     python_procs: Option<PythonProcMap>,
+    /// `OFFCPU` (with `--idle`), until [`Collector::take_offcpu`] hands it out.
+    offcpu: Option<OffCpuMap>,
+    /// The off-CPU program's variant (with `--idle`).
+    switch: Option<Choice>,
     cpus: usize,
     ring_bytes: u32,
     malformed: u64,
@@ -189,6 +198,11 @@ impl Collector {
         raise_memlock_limit();
         let features = KernelFeatures::probe(&crate::preflight::btf_path());
         let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
+        let switch = cfg
+            .idle
+            .then(|| variant::choose(&variant::SWITCH, &features, &cfg.variant))
+            .transpose()?;
+        let period_ns = 1_000_000_000 / cfg.frequency_hz.max(1);
         let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
             .into_iter()
             .collect();
@@ -203,12 +217,19 @@ impl Collector {
             fork_flags_offset: fork.clone_flags,
             // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
             wakeup_bytes: ring_bytes / 8,
-            task_stack_offset: if sampler.variant.task_stack {
+            task_stack_offset: if sampler.variant.task_stack
+                || switch.as_ref().is_some_and(|c| c.variant.task_stack)
+            {
                 features.task_stack_offset.unwrap_or(0)
             } else {
                 0
             },
+            offcpu: u32::from(cfg.idle),
+            task_pid_offset: features.task_pid_offset.unwrap_or(0),
+            task_state_offset: features.task_state_offset.unwrap_or(0),
+            switch_prev_state: u32::from(features.switch_prev_state),
             pad: 0,
+            offcpu_period_ns: period_ns,
         };
         let mut ebpf = EbpfLoader::new()
             .override_global(maps::CONFIG, &config, true)
@@ -223,6 +244,8 @@ impl Collector {
                     1
                 },
             )
+            // Preallocated (about 26 MiB with --idle): one entry without it.
+            .map_max_entries(maps::OFFCPU, if cfg.idle { OFFCPU_ENTRIES } else { 1 })
             .load(OBJECT)
             .map_err(|e| CollectError::LoadObject {
                 reason: one_line(&e),
@@ -246,6 +269,14 @@ impl Collector {
         let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
         let python_procs =
             PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
+        let offcpu = if cfg.idle {
+            Some(OffCpuMap::new(
+                take_map(&mut ebpf, maps::OFFCPU, HashMap::try_from)?,
+                period_ns,
+            ))
+        } else {
+            None
+        };
 
         for (program, name) in [
             (programs::EXEC, "sched_process_exec"),
@@ -255,6 +286,9 @@ impl Collector {
         }
         attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
         let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
+        if let Some(choice) = &switch {
+            attach_offcpu(&mut ebpf, choice.variant.program)?;
+        }
 
         Ok(Collector {
             ebpf,
@@ -263,6 +297,8 @@ impl Collector {
             counters,
             targets,
             python_procs: Some(python_procs),
+            offcpu,
+            switch,
             cpus,
             ring_bytes,
             malformed: 0,
@@ -289,6 +325,18 @@ impl Collector {
         self.python_procs.take().ok_or(CollectError::AlreadyTaken {
             map: maps::PY_PROCS,
         })
+    }
+
+    /// The handle on `OFFCPU` (with `--idle`), for the thread that attaches to Python processes
+    /// (it seeds threads already asleep, and reads the open intervals at the end). Handed out
+    /// once; `None` without `--idle` or when taken.
+    pub fn take_offcpu(&mut self) -> Option<OffCpuMap> {
+        self.offcpu.take()
+    }
+
+    /// The off-CPU program's variant and why, with `--idle`.
+    pub fn switch_variant(&self) -> Option<&Choice> {
+        self.switch.as_ref()
     }
 
     /// Wait up to `timeout` for events (or until `wake` is readable), then hand every
@@ -572,6 +620,40 @@ fn attach_tracepoint(
             reason: one_line(&e),
             errno: errno_of(&e),
         })?;
+    Ok(())
+}
+
+/// Load and attach the off-CPU programs: `program` (the chosen `sched_switch` variant) and
+/// `pyebpf_wakeup`, BTF tracepoints typed against the kernel's own BTF.
+fn attach_offcpu(ebpf: &mut Ebpf, program: &'static str) -> Result<(), CollectError> {
+    let btf = aya::Btf::parse_file(crate::preflight::btf_path(), aya::Endianness::default())
+        .map_err(|e| CollectError::ProgramLoad {
+            program,
+            reason: format!("kernel BTF: {}", one_line(&e)),
+            errno: None,
+            verifier_log: String::new(),
+        })?;
+    for (name, tracepoint) in [
+        (program, "sched_switch"),
+        (programs::WAKEUP, "sched_wakeup"),
+    ] {
+        let missing = CollectError::MissingInObject {
+            kind: "program",
+            name,
+        };
+        let tp: &mut aya::programs::BtfTracePoint = ebpf
+            .program_mut(name)
+            .ok_or(missing)?
+            .try_into()
+            .map_err(|e| load_error(name, e))?;
+        tp.load(tracepoint, &btf).map_err(|e| load_error(name, e))?;
+        tp.attach().map_err(|e| CollectError::AttachTracepoint {
+            category: "tp_btf",
+            name: tracepoint,
+            reason: one_line(&e),
+            errno: errno_of(&e),
+        })?;
+    }
     Ok(())
 }
 

@@ -199,13 +199,25 @@ fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), Collect
         let mut samples = 0;
         for ev in events.drain(..) {
             let item = match ev {
-                Event::Sample(s) if s.time_ns < start_ns => continue,
-                // The next stage is behind: drop (and count) rather than grow without bound.
-                Event::Sample(_) if samples >= room => {
-                    sh.dropped.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                Event::Sample(s) => {
+                Event::Sample(mut s) => {
+                    // An off-CPU interval counts from the start of the run on.
+                    let before_start = match s.off_cpu.as_mut() {
+                        Some(o) => {
+                            let kept = super::idle::clip(o, start_ns);
+                            s.time_ns = o.t_out;
+                            !kept
+                        }
+                        None => s.time_ns < start_ns,
+                    };
+                    if before_start {
+                        continue;
+                    }
+                    // The next stage is behind: drop (and count) rather than grow without
+                    // bound.
+                    if samples >= room {
+                        sh.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     samples += 1;
                     let k = (s.kernel_stack_id >= 0)
                         .then(|| c.kernel_stack(s.kernel_stack_id))

@@ -134,6 +134,7 @@ fn start_collector(
         ring_bytes: cfg.ring_bytes,
         self_pid: std::process::id(),
         variant: VariantChoice::from_env(),
+        idle: cfg.idle,
     };
     let mut collector = Collector::start(&collect_cfg)?;
     for note in collector.notes() {
@@ -174,7 +175,11 @@ impl Session {
             Target::Command(_) => Vec::new(),
         };
         let (mut collector, child) = start_collector(&cfg)?;
-        // Taken before the collector moves into the drain thread: the Python stage writes it.
+        // Taken before the collector moves into the drain thread: the Python stage writes it
+        // (and with --idle seeds OFFCPU for threads asleep when their process is attached).
+        if let Some(offcpu) = collector.take_offcpu() {
+            tracker.set_offcpu(offcpu);
+        }
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on.
@@ -205,6 +210,7 @@ impl Session {
             rate_hz: cfg.rate_hz,
             cpus,
             command_line: argv.to_vec(),
+            idle: cfg.idle,
             ..RunMeta::default()
         };
         let mut b = Building {
@@ -212,6 +218,11 @@ impl Session {
                 native: cfg.native,
                 kernel: cfg.kernel,
                 threads: cfg.threads,
+                offcpu_period_ns: if cfg.idle {
+                    1_000_000_000 / cfg.rate_hz.max(1)
+                } else {
+                    0
+                },
             }),
             profile: Profile::new(meta),
             registry: ProcessRegistry::new(),

@@ -12,7 +12,8 @@
 //!   replaced by the Python frames it ran (`merge`); a sample that cannot be merged exactly
 //!   keeps its native frames, then `[merge mismatch]`, then its Python frames;
 //!
-//! and kernel frames on top.
+//! and kernel frames on top; an off-CPU interval (`--idle`) then ends in its state frame
+//! (`[off-CPU: sleeping in futex]`), one sample per state part, weighted (`idle`).
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,7 @@ use sampler_common::sample_flags;
 
 use crate::merge::{self, MergeOutcome, NativeItem, PyItem, Role};
 use crate::procs::ProcessRegistry;
-use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample};
+use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample, ThreadState};
 use crate::symbolize::Symbolizer;
 use crate::unwind::NativeUnwinder;
 
@@ -43,6 +44,8 @@ pub struct BuildConfig {
     pub kernel: bool,
     /// `--threads`.
     pub threads: bool,
+    /// `--idle`: the off-CPU sampling period in ns (0 without `--idle`).
+    pub offcpu_period_ns: u64,
 }
 
 /// Builds profile stacks from staged samples.
@@ -182,10 +185,8 @@ impl StackBuilder {
         if self.cfg.kernel {
             self.push_kernel(profile, kernel.as_deref(), &s, &mut stack);
         }
-        let id = profile.intern_stack(&stack);
-        self.scratch = stack;
-        profile.add_sample(Sample {
-            stack: id,
+        let mut sample = Sample {
+            stack: crate::profile::StackId(0),
             time_ns: s.time_ns,
             pid: s.pid,
             tid: s.tid,
@@ -193,7 +194,24 @@ impl StackBuilder {
             comm,
             thread_name,
             gil,
-        });
+            state: ThreadState::OnCpu,
+            weight: 1,
+        };
+        if let Some(off) = &s.off_cpu {
+            for (state, weight) in super::idle::split(off, self.cfg.offcpu_period_ns) {
+                let label = super::idle::state_label(state, off);
+                stack.push(profile.intern_frame(Frame::new(FrameKind::State, label)));
+                sample.stack = profile.intern_stack(&stack);
+                stack.pop();
+                sample.state = state;
+                sample.weight = weight;
+                profile.add_sample(sample.clone());
+            }
+        } else {
+            sample.stack = profile.intern_stack(&stack);
+            profile.add_sample(sample);
+        }
+        self.scratch = stack;
     }
 
     fn root_frame(&mut self, profile: &mut Profile, pid: u32, comm: &Arc<str>) -> FrameId {

@@ -143,10 +143,11 @@ pub const UNKNOWN_MODULE: &str = "[unknown]";
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 
 impl FrameKeys {
-    /// The values of a frame (`None` for the synthetic Process and Thread frames).
+    /// The values of a frame (`None` for the synthetic Process and Thread frames, and for
+    /// the thread state ending an off-CPU stack: the `state` key shows it).
     pub fn of(frame: &Frame) -> Option<FrameKeys> {
         let prefix = match frame.kind {
-            FrameKind::Process | FrameKind::Thread => return None,
+            FrameKind::Process | FrameKind::Thread | FrameKind::State => return None,
             FrameKind::Kernel => "[k]",
             FrameKind::Python | FrameKind::Native | FrameKind::Marker => "[.]",
         };
@@ -162,7 +163,9 @@ impl FrameKeys {
                 .clone()
                 .filter(|f| !f.is_empty())
                 .unwrap_or_else(|| UNKNOWN_MODULE.into()),
-            FrameKind::Marker | FrameKind::Process | FrameKind::Thread => UNKNOWN_MODULE.into(),
+            FrameKind::Marker | FrameKind::Process | FrameKind::Thread | FrameKind::State => {
+                UNKNOWN_MODULE.into()
+            }
         };
         let srcline: Arc<str> = match (&frame.file, frame.line) {
             (Some(file), Some(line)) if !file.is_empty() => format!("{file}:{line}").into(),

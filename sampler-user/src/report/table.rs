@@ -162,12 +162,15 @@ pub fn label(profile: &Profile, id: FrameId) -> String {
         .map_or_else(|| "[unknown]".to_string(), crate::profile::Frame::label)
 }
 
-/// Whether a frame is synthetic (Process, Thread) or unknown.
+/// Whether a frame is synthetic (Process, Thread, the State ending an off-CPU stack) or
+/// unknown.
 fn synthetic(profile: &Profile, id: FrameId) -> bool {
-    profile
-        .frames()
-        .get(id.0 as usize)
-        .is_none_or(|f| matches!(f.kind, FrameKind::Process | FrameKind::Thread))
+    profile.frames().get(id.0 as usize).is_none_or(|f| {
+        matches!(
+            f.kind,
+            FrameKind::Process | FrameKind::Thread | FrameKind::State
+        )
+    })
 }
 
 /// Samples grouped by (stack, the sample values the keys use).

@@ -45,7 +45,9 @@ impl Label {
             },
             FrameKind::Native => frame.module.as_deref().unwrap_or_default().to_string(),
             FrameKind::Kernel => "kernel".to_string(),
-            FrameKind::Process | FrameKind::Thread | FrameKind::Marker => String::new(),
+            FrameKind::Process | FrameKind::Thread | FrameKind::Marker | FrameKind::State => {
+                String::new()
+            }
         };
         let name = match frame.kind {
             FrameKind::Process | FrameKind::Thread => {
