@@ -155,7 +155,7 @@ struct ReportArgs {
     /// Write the rendered format (or the report) to this file instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Group rows by these keys: comm, pid, tid, thread, module, function, srcline.
+    /// Group rows by these keys: comm, pid, tid, thread, state, gil, module, function, srcline.
     #[arg(
         short = 's',
         long = "sort",
@@ -182,6 +182,10 @@ struct ReportArgs {
     /// Only samples of threads with these names.
     #[arg(long = "thread", value_name = "NAME", value_delimiter = ',')]
     threads: Vec<String>,
+    /// Only samples in these thread states (record --idle): on-cpu, runnable, sleeping, blocked,
+    /// gil-wait.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',')]
+    states: Vec<String>,
     /// Show call chains under each row: caller (root first) or callee (leaf first).
     #[arg(short = 'g', long = "call-graph", value_name = "ORDER")]
     call_graph: Option<String>,
@@ -350,6 +354,7 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         tids: a.tids,
         comms: a.comms,
         threads: a.threads,
+        states: a.states,
         call_graph: a.call_graph,
         json: a.json,
         csv: a.csv,

@@ -45,7 +45,7 @@ const KIND_ENUM64: u32 = 19;
 struct Type {
     kind: u32,
     name_off: u32,
-    size_or_type: u32,
+    size_or_ref: u32,
     vlen: u32,
     members: Vec<(u32, u32, Option<u32>)>,
 }
@@ -69,14 +69,14 @@ fn parse(blob: &[u8]) -> Option<(Vec<Type>, &[u8])> {
     let mut out = vec![Type {
         kind: 0,
         name_off: 0,
-        size_or_type: 0,
+        size_or_ref: 0,
         vlen: 0,
         members: Vec::new(),
     }];
     let mut at = 0usize;
     while at < types.len() {
         let (name_off, info) = (u32_at(types, at)?, u32_at(types, at + 4)?);
-        let size_or_type = u32_at(types, at + 8)?;
+        let size_or_ref = u32_at(types, at + 8)?;
         let (kind, vlen, kind_flag) = ((info >> 24) & 0x1f, (info & 0xffff) as usize, info >> 31);
         at += 12;
         let mut members = Vec::new();
@@ -105,7 +105,7 @@ fn parse(blob: &[u8]) -> Option<(Vec<Type>, &[u8])> {
         out.push(Type {
             kind,
             name_off,
-            size_or_type,
+            size_or_ref,
             vlen: vlen as u32,
             members,
         });
@@ -161,11 +161,11 @@ impl<'a> Types<'a> {
         })?;
         let ptr = self
             .types
-            .get(t.size_or_type as usize)
+            .get(t.size_or_ref as usize)
             .filter(|p| p.kind == KIND_PTR)?;
         let proto = self
             .types
-            .get(ptr.size_or_type as usize)
+            .get(ptr.size_or_ref as usize)
             .filter(|p| p.kind == KIND_FUNC_PROTO)?;
         Some(proto.vlen)
     }

@@ -90,6 +90,10 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/py
 
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the kernel side, each a `Config` flag"
+)]
 pub struct CollectConfig {
     /// Samples per second per CPU.
     pub frequency_hz: u64,
@@ -185,6 +189,8 @@ pub struct Collector {
     /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
     /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
     sizes: Option<ProgramStats>,
+    /// The same for the off-CPU program.
+    switch_sizes: Option<ProgramStats>,
 }
 
 impl Collector {
@@ -202,35 +208,11 @@ impl Collector {
             .idle
             .then(|| variant::choose(&variant::SWITCH, &features, &cfg.variant))
             .transpose()?;
-        let period_ns = 1_000_000_000 / cfg.frequency_hz.max(1);
         let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
             .into_iter()
             .collect();
         let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
-        let config = Config {
-            filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
-            follow_children: u32::from(cfg.follow_children),
-            stack_bytes: cfg.stack_bytes,
-            kernel_stacks: u32::from(cfg.kernel_stacks),
-            self_pid: cfg.self_pid,
-            fork_pid_offset: fork.pid,
-            fork_flags_offset: fork.clone_flags,
-            // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
-            wakeup_bytes: ring_bytes / 8,
-            task_stack_offset: if sampler.variant.task_stack
-                || switch.as_ref().is_some_and(|c| c.variant.task_stack)
-            {
-                features.task_stack_offset.unwrap_or(0)
-            } else {
-                0
-            },
-            offcpu: u32::from(cfg.idle),
-            task_pid_offset: features.task_pid_offset.unwrap_or(0),
-            task_state_offset: features.task_state_offset.unwrap_or(0),
-            switch_prev_state: u32::from(features.switch_prev_state),
-            pad: 0,
-            offcpu_period_ns: period_ns,
-        };
+        let config = kernel_config(cfg, ring_bytes, &features, &sampler, switch.as_ref(), fork);
         let mut ebpf = EbpfLoader::new()
             .override_global(maps::CONFIG, &config, true)
             .map_max_entries(maps::EVENTS, ring_bytes)
@@ -272,7 +254,7 @@ impl Collector {
         let offcpu = if cfg.idle {
             Some(OffCpuMap::new(
                 take_map(&mut ebpf, maps::OFFCPU, HashMap::try_from)?,
-                period_ns,
+                offcpu_period_ns(cfg.frequency_hz),
             ))
         } else {
             None
@@ -306,9 +288,11 @@ impl Collector {
             sampler,
             notes,
             sizes: None,
+            switch_sizes: None,
         })
         .map(|mut c| {
             c.sizes = c.program_stats();
+            c.switch_sizes = c.offcpu_program_stats();
             c
         })
     }
@@ -429,22 +413,7 @@ impl Collector {
 
     /// Statistics of the sampling program; `None` if its program info cannot be read.
     pub fn program_stats(&self) -> Option<ProgramStats> {
-        let program: &PerfEvent = self
-            .ebpf
-            .program(self.sampler.variant.program)?
-            .try_into()
-            .ok()?;
-        let info = program.info().ok()?;
-        let enabled = self.stats.is_some();
-        let mut stats = ProgramStats {
-            variant: self.sampler.to_string(),
-            run_time_ns: enabled
-                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
-            run_count: enabled.then(|| info.run_count()),
-            translated_insns: info.size_translated().unwrap_or(0) / 8,
-            jited_bytes: info.size_jitted(),
-            verified_insns: info.verified_instruction_count(),
-        };
+        let mut stats = self.stats_of(&self.sampler)?;
         if let Some(at_attach) = &self.sizes
             && stats.jited_bytes == 0
         {
@@ -453,6 +422,35 @@ impl Collector {
             stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
         }
         Some(stats)
+    }
+
+    /// Statistics of the off-CPU `sched_switch` program (`--idle`): its runs are every context
+    /// switch on the host; sizes as read at attach (see [`Collector::program_stats`]).
+    pub fn offcpu_program_stats(&self) -> Option<ProgramStats> {
+        let mut stats = self.stats_of(self.switch.as_ref()?)?;
+        if let Some(at_attach) = &self.switch_sizes
+            && stats.jited_bytes == 0
+        {
+            stats.translated_insns = at_attach.translated_insns;
+            stats.jited_bytes = at_attach.jited_bytes;
+            stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
+        }
+        Some(stats)
+    }
+
+    /// The statistics of the program `choice` names.
+    fn stats_of(&self, choice: &Choice) -> Option<ProgramStats> {
+        let info = self.ebpf.program(choice.variant.program)?.info().ok()?;
+        let enabled = self.stats.is_some();
+        Some(ProgramStats {
+            variant: choice.to_string(),
+            run_time_ns: enabled
+                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
+            run_count: enabled.then(|| info.run_count()),
+            translated_insns: info.size_translated().unwrap_or(0) / 8,
+            jited_bytes: info.size_jitted(),
+            verified_insns: info.verified_instruction_count(),
+        })
     }
 
     /// The sampling program's variant and why it was chosen.
@@ -475,6 +473,46 @@ impl Collector {
     pub fn ring_bytes(&self) -> u32 {
         self.ring_bytes
     }
+}
+
+/// The `CONFIG` the programs are loaded with.
+fn kernel_config(
+    cfg: &CollectConfig,
+    ring_bytes: u32,
+    features: &KernelFeatures,
+    sampler: &Choice,
+    switch: Option<&Choice>,
+    fork: tracefs::ForkOffsets,
+) -> Config {
+    Config {
+        filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
+        follow_children: u32::from(cfg.follow_children),
+        stack_bytes: cfg.stack_bytes,
+        kernel_stacks: u32::from(cfg.kernel_stacks),
+        self_pid: cfg.self_pid,
+        fork_pid_offset: fork.pid,
+        fork_flags_offset: fork.clone_flags,
+        // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
+        wakeup_bytes: ring_bytes / 8,
+        task_stack_offset: if sampler.variant.task_stack
+            || switch.as_ref().is_some_and(|c| c.variant.task_stack)
+        {
+            features.task_stack_offset.unwrap_or(0)
+        } else {
+            0
+        },
+        offcpu: u32::from(cfg.idle),
+        task_pid_offset: features.task_pid_offset.unwrap_or(0),
+        task_state_offset: features.task_state_offset.unwrap_or(0),
+        switch_prev_state: u32::from(features.switch_prev_state),
+        pad: 0,
+        offcpu_period_ns: offcpu_period_ns(cfg.frequency_hz),
+    }
+}
+
+/// The off-CPU sampling period for a rate (`Config::offcpu_period_ns`).
+pub fn offcpu_period_ns(frequency_hz: u64) -> u64 {
+    1_000_000_000 / frequency_hz.max(1)
 }
 
 /// Check `cfg` against what the kernel side accepts; returns the ring size to use.

@@ -96,7 +96,7 @@ impl OffCpuMap {
     /// without a sampling instant left out). Read once, when the programs are detached.
     pub fn open_intervals(&self, end_ns: u64) -> Vec<RawSample> {
         let mut out = Vec::new();
-        for item in self.map.iter() {
+        for item in &self.map {
             let Ok((_, mut rec)) = item else { continue };
             if rec.off.t_out == 0 || end_ns / self.period_ns <= rec.off.t_out / self.period_ns {
                 continue;

@@ -49,6 +49,7 @@ fn own_cfg(stack_bytes: u32) -> CollectConfig {
         ring_bytes: 0,
         self_pid: 0,
         variant: super::VariantChoice::from_env(),
+        idle: false,
     }
 }
 

@@ -736,6 +736,8 @@ mod tests {
                 comm: "py".into(),
                 thread_name: "worker".into(),
                 gil: GilState::Held,
+                state: crate::profile::ThreadState::OnCpu,
+                weight: 1,
             });
         }
         let p = decode(&render(&profile)).unwrap();

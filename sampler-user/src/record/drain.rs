@@ -87,6 +87,8 @@ pub struct Finished {
     pub dropped: u64,
     /// Statistics of the sampling program, read after the last sample.
     pub program: Option<ProgramStats>,
+    /// Statistics of the off-CPU program (`--idle`).
+    pub offcpu_program: Option<ProgramStats>,
 }
 
 /// Starts draining `collector` into a channel of batches; at most `queue_capacity(stack_bytes)`
@@ -270,6 +272,7 @@ impl Drain {
             counters: collector.counters()?,
             dropped: self.dropped.load(Ordering::Relaxed),
             program: collector.program_stats(),
+            offcpu_program: collector.offcpu_program_stats(),
         })
     }
 

@@ -49,10 +49,10 @@ pub fn switch_out_state(off: &OffCpuInfo) -> ThreadState {
 /// without one), runnable after it. Parts of weight 0 are left out.
 pub fn split(off: &OffCpuInfo, period: u64) -> Vec<(ThreadState, u32)> {
     let first = switch_out_state(off);
-    let wake = if off.t_wake > off.t_out && off.t_wake < off.t_in {
-        off.t_wake
-    } else {
+    let wake = if off.t_wake == 0 {
         off.t_in
+    } else {
+        off.t_wake.clamp(off.t_out, off.t_in)
     };
     let weight = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     let mut parts = Vec::with_capacity(2);

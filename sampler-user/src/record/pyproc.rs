@@ -287,10 +287,10 @@ impl PyProc {
                 }
             }
         }
-        if !out.truncated {
-            self.stats.full += 1;
-        } else {
+        if out.truncated {
             self.stats.truncated += 1;
+        } else {
+            self.stats.full += 1;
         }
         Some(out)
     }

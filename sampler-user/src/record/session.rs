@@ -19,6 +19,7 @@ use crate::config::Target;
 use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
+use sampler_common::Counter;
 
 use super::pystage::{self, Staged, StagedBatch};
 use super::summary::{PyProcLine, RecordSummary};
@@ -219,7 +220,7 @@ impl Session {
                 kernel: cfg.kernel,
                 threads: cfg.threads,
                 offcpu_period_ns: if cfg.idle {
-                    1_000_000_000 / cfg.rate_hz.max(1)
+                    crate::collect::offcpu_period_ns(cfg.rate_hz)
                 } else {
                     0
                 },
@@ -252,24 +253,7 @@ impl Session {
             }
             Target::Command(_) => {}
         }
-        // Attached, targets opened: keep only what reading targets, stopping the command and
-        // writing the outputs need (privilege::cap says why each one).
-        let mut keep = vec![
-            cap::CHOWN,
-            cap::DAC_OVERRIDE,
-            cap::DAC_READ_SEARCH,
-            cap::SYS_PTRACE,
-            cap::CHECKPOINT_RESTORE,
-        ];
-        if cfg.run_as.is_some() {
-            keep.push(cap::KILL);
-        }
-        if cfg.kernel {
-            keep.push(cap::SYSLOG);
-        }
-        if let Err(e) = crate::privilege::drop_capabilities(&keep) {
-            eprintln!("pyebpf: warning: could not drop capabilities: {e}");
-        }
+        drop_capabilities(&cfg);
         Ok(Session {
             cfg,
             b,
@@ -366,6 +350,27 @@ impl Session {
     }
 }
 
+/// Attached, targets opened: keeps only what reading targets, stopping the command and writing
+/// the outputs need (`privilege::cap` says why each one).
+fn drop_capabilities(cfg: &SessionConfig) {
+    let mut keep = vec![
+        cap::CHOWN,
+        cap::DAC_OVERRIDE,
+        cap::DAC_READ_SEARCH,
+        cap::SYS_PTRACE,
+        cap::CHECKPOINT_RESTORE,
+    ];
+    if cfg.run_as.is_some() {
+        keep.push(cap::KILL);
+    }
+    if cfg.kernel {
+        keep.push(cap::SYSLOG);
+    }
+    if let Err(e) = crate::privilege::drop_capabilities(&keep) {
+        eprintln!("pyebpf: warning: could not drop capabilities: {e}");
+    }
+}
+
 /// Fills the profile's error counts and builds the summary.
 fn summarize(
     cfg: &SessionConfig,
@@ -416,6 +421,17 @@ fn summarize(
         .collect();
     summary.python_overflow = report.overflow;
     summary.program.clone_from(&finished.program);
+    if cfg.idle {
+        let c = &finished.counters;
+        summary.offcpu = Some(super::summary::OffCpuLine {
+            switches: c.get(Counter::OffCpuSwitches),
+            sent: c.get(Counter::OffCpuSent),
+            short: c.get(Counter::OffCpuShort),
+            lost: c.get(Counter::OffCpuLost),
+            map_full: c.get(Counter::OffCpuMapFull),
+            program: finished.offcpu_program.clone(),
+        });
+    }
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some([(report.samples, report.busy), b.built]);
     }

@@ -182,9 +182,9 @@ fn groups(profile: &Profile, cfg: &Config) -> (u64, HashMap<(StackId, SamplePart
         if !cfg.filter.accepts(s) {
             continue;
         }
-        total += 1;
+        total += u64::from(s.weight);
         *out.entry((s.stack, SampleParts::of(s, &cfg.keys, &empty)))
-            .or_default() += 1;
+            .or_default() += u64::from(s.weight);
     }
     (total, out)
 }
@@ -272,7 +272,7 @@ pub fn build(profile: &Profile, cfg: &Config) -> Table {
         rows.retain(|r| percent(r.children, total) >= cfg.percent_limit);
     }
     let mut table = Table {
-        all_samples: profile.samples().len() as u64,
+        all_samples: profile.total_weight(),
         total,
         hidden: before - rows.len(),
         rows,

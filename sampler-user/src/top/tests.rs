@@ -47,6 +47,8 @@ fn add(p: &mut Profile, pid: u32, comm: &str, frames: &[Frame], n: usize) {
             comm: comm.into(),
             thread_name: comm.into(),
             gil: GilState::Unknown,
+            state: crate::profile::ThreadState::OnCpu,
+            weight: 1,
         });
     }
 }
