@@ -87,8 +87,8 @@ struct RecordArgs {
     /// Bytes of user stack copied per sample with --native (rounded up to 8, 16, 32 or 64 KiB).
     #[arg(long = "stack-size", value_name = "BYTES")]
     stack_size: Option<u32>,
-    /// Ring-buffer size in bytes, a power of two (default: half a second of samples at the
-    /// rate, on every CPU, with the stack copy).
+    /// Ring-buffer size in bytes, a power of two (default: a second of samples at the rate,
+    /// on every CPU, with the stack copy; at most 32 MiB).
     #[arg(long = "ring-size", value_name = "BYTES")]
     ring_size: Option<u64>,
     /// No progress line.

@@ -55,8 +55,12 @@ pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 /// (the drain thread only decodes and hands batches on, so this covers it waiting for a CPU
 /// on a loaded host).
 pub const RING_SECONDS: f64 = 1.0;
-/// Largest ring buffer sized automatically.
+/// Largest ring buffer accepted (`--ring-size`).
 pub const MAX_RING_BYTES: u32 = 256 << 20;
+/// Largest ring buffer sized automatically: half a second at 10 000 samples/s (Python samples
+/// reserve ~6 KiB each); the ring's pages are mapped twice into our memory, so more would cost
+/// RSS for little.
+pub const MAX_AUTO_RING_BYTES: u32 = 32 << 20;
 /// Smallest ring buffer accepted.
 pub const MIN_RING_BYTES: u32 = 64 << 10;
 
@@ -68,14 +72,14 @@ pub fn record_bytes(stack_bytes: u32) -> u64 {
 
 /// The ring-buffer size for `rate_hz` samples per second on each of `cpus` CPUs with
 /// `stack_bytes` of stack copied per sample: [`RING_SECONDS`] of samples, rounded up to a power
-/// of two, between the smallest size that holds four records and [`MAX_RING_BYTES`].
+/// of two, between the smallest size that holds four records and [`MAX_AUTO_RING_BYTES`].
 pub fn ring_bytes_for(rate_hz: u64, cpus: usize, stack_bytes: u32) -> u32 {
     let record = record_bytes(stack_bytes);
     let want = (rate_hz as f64 * cpus.max(1) as f64 * record as f64 * RING_SECONDS) as u64;
     let min = min_ring_bytes(stack_bytes);
     u32::try_from(want.max(u64::from(min)).next_power_of_two())
         .unwrap_or(MAX_RING_BYTES)
-        .clamp(min, MAX_RING_BYTES.max(min))
+        .clamp(min, MAX_AUTO_RING_BYTES.max(min))
 }
 
 /// The smallest ring that holds four maximal records (and at least [`MIN_RING_BYTES`]).
@@ -453,6 +457,24 @@ impl Collector {
         })
     }
 
+    /// Whether this kernel refuses map operations to a thread without `CAP_BPF`: before 6.5,
+    /// with unprivileged BPF disabled, `bpf()` checks every command, not only loads (seen on
+    /// Debian 11's 5.10). Tried, not guessed from the version: a short-lived thread drops its
+    /// own capabilities and reads `COUNTERS`.
+    pub fn maps_need_cap_bpf(&self) -> bool {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::privilege::drop_all_in_this_thread()
+                    && matches!(
+                        self.counters.get(&(Counter::Runs as u32), 0),
+                        Err(e) if errno_of(&e) == Some(libc::EPERM)
+                    )
+            })
+            .join()
+            .unwrap_or(true)
+        })
+    }
+
     /// The sampling program's variant and why it was chosen.
     pub fn variant(&self) -> &Choice {
         &self.sampler
@@ -801,14 +823,14 @@ mod tests {
         // 99 Hz on 2 CPUs without a stack copy: ~1.2 MiB of samples per second.
         let low = ring_bytes_for(99, 2, 0);
         assert_eq!(low, 2 << 20, "{low}");
-        // 10 000 samples/s in total: 64 MiB.
-        assert_eq!(ring_bytes_for(5000, 2, 0), 64 << 20);
+        // 10 000 samples/s in total: a second would be 64 MiB; the automatic size stops at 32.
+        assert_eq!(ring_bytes_for(5000, 2, 0), MAX_AUTO_RING_BYTES);
         // --native at 99 Hz: the stack copy dominates.
         assert!(ring_bytes_for(99, 2, 32 << 10) > low);
-        // Bounds: four records at least, MAX_RING_BYTES at most.
+        // Bounds: four records at least, MAX_AUTO_RING_BYTES at most.
         assert_eq!(ring_bytes_for(1, 1, 64 << 10), min_ring_bytes(64 << 10));
         assert!(u64::from(min_ring_bytes(64 << 10)) >= 4 * record_bytes(64 << 10));
-        assert_eq!(ring_bytes_for(10_000, 512, 64 << 10), MAX_RING_BYTES);
+        assert_eq!(ring_bytes_for(10_000, 512, 64 << 10), MAX_AUTO_RING_BYTES);
         for (rate, cpus, stack) in [(99, 2, 0), (5000, 2, 0), (99, 64, 65536)] {
             let r = ring_bytes_for(rate, cpus, stack);
             assert!(r.is_power_of_two());

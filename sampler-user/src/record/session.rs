@@ -116,6 +116,34 @@ pub struct Ended {
     pub summary: RecordSummary,
 }
 
+/// How long `-p` waits for its targets to be attached before sampling starts (it goes on as
+/// soon as they are): milliseconds natively, seconds on an emulated kernel (the kernel matrix's
+/// 5.10 guest needed more than 2 s for a 3.13t target, whose first samples then had no Python
+/// frames).
+const PIDS_ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// The capabilities the rest of a run needs (`privilege::cap` says why each one); `cap_bpf`:
+/// the kernel refuses map operations without `CAP_BPF`.
+fn kept_capabilities(cfg: &SessionConfig, cap_bpf: bool) -> Vec<u32> {
+    let mut keep = vec![
+        cap::CHOWN,
+        cap::DAC_OVERRIDE,
+        cap::DAC_READ_SEARCH,
+        cap::SYS_PTRACE,
+        cap::CHECKPOINT_RESTORE,
+    ];
+    if cfg.run_as.is_some() {
+        keep.push(cap::KILL);
+    }
+    if cfg.kernel {
+        keep.push(cap::SYSLOG);
+    }
+    if cap_bpf {
+        keep.push(cap::BPF);
+    }
+    keep
+}
+
 /// Starts the collector (and `-- COMMAND`, held until it is a target).
 fn start_collector(
     cfg: &SessionConfig,
@@ -176,6 +204,7 @@ impl Session {
             Target::Command(_) => Vec::new(),
         };
         let (mut collector, child) = start_collector(&cfg)?;
+        let keep_cap_bpf = collector.maps_need_cap_bpf();
         // Taken before the collector moves into the drain thread: the Python stage writes it
         // (and with --idle seeds OFFCPU for threads asleep when their process is attached).
         if let Some(offcpu) = collector.take_offcpu() {
@@ -184,7 +213,7 @@ impl Session {
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on.
-            tracker.wait_for(pids, Duration::from_secs(2));
+            tracker.wait_for(pids, PIDS_ATTACH_WAIT);
             for (pid, why) in tracker.failures(pids) {
                 eprintln!(
                     "pyebpf: no Python frames for pid {pid}: {}",
@@ -253,7 +282,12 @@ impl Session {
             }
             Target::Command(_) => {}
         }
-        drop_capabilities(&cfg);
+        // Attached, targets opened: keep only what reading targets, stopping the command and
+        // writing the outputs need.
+        if let Err(e) = crate::privilege::drop_capabilities(&kept_capabilities(&cfg, keep_cap_bpf))
+        {
+            eprintln!("pyebpf: warning: could not drop capabilities: {e}");
+        }
         Ok(Session {
             cfg,
             b,
@@ -347,27 +381,6 @@ impl Session {
             profile: self.b.profile,
             summary,
         })
-    }
-}
-
-/// Attached, targets opened: keeps only what reading targets, stopping the command and writing
-/// the outputs need (`privilege::cap` says why each one).
-fn drop_capabilities(cfg: &SessionConfig) {
-    let mut keep = vec![
-        cap::CHOWN,
-        cap::DAC_OVERRIDE,
-        cap::DAC_READ_SEARCH,
-        cap::SYS_PTRACE,
-        cap::CHECKPOINT_RESTORE,
-    ];
-    if cfg.run_as.is_some() {
-        keep.push(cap::KILL);
-    }
-    if cfg.kernel {
-        keep.push(cap::SYSLOG);
-    }
-    if let Err(e) = crate::privilege::drop_capabilities(&keep) {
-        eprintln!("pyebpf: warning: could not drop capabilities: {e}");
     }
 }
 
