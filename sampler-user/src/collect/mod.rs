@@ -29,7 +29,10 @@ mod python_tests;
 #[cfg(test)]
 mod root_tests;
 
-use std::{os::fd::AsRawFd as _, os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -251,7 +254,13 @@ impl Collector {
             targets.add(pid)?;
         }
         let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
-        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
+        let mut offcpu_kstacks = None;
+        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, |map| {
+            if cfg.idle && cfg.kernel_stacks {
+                offcpu_kstacks = second_handle(&map);
+            }
+            StackTraceMap::try_from(map)
+        })?;
         let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
         let python_procs =
             PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
@@ -259,6 +268,7 @@ impl Collector {
             Some(OffCpuMap::new(
                 take_map(&mut ebpf, maps::OFFCPU, HashMap::try_from)?,
                 offcpu_period_ns(cfg.frequency_hz),
+                offcpu_kstacks,
             ))
         } else {
             None
@@ -619,6 +629,17 @@ fn raise_memlock_limit() {
         }
     }
     tracing::debug!("RLIMIT_MEMLOCK could not be made unlimited (fine on kernels >= 5.11)");
+}
+
+/// A second handle on the stack-trace map `map`: with `--idle --kernel` the kernel stacks of
+/// the intervals still open at the end are read after the collector is gone.
+fn second_handle(map: &aya::maps::Map) -> Option<StackTraceMap<MapData>> {
+    let aya::maps::Map::StackTraceMap(data) = map else {
+        return None;
+    };
+    let fd = data.fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    StackTraceMap::try_from(aya::maps::Map::StackTraceMap(data)).ok()
 }
 
 /// Take a map out of `ebpf` and wrap it in its typed handle.

@@ -12,7 +12,7 @@
 //!
 //! Constraints: a seed never replaces an entry the kernel wrote (`BPF_NOEXIST`); a full map is
 //! counted, never fatal.
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError, StackTraceMap};
 use sampler_common::{
     EventHeader, OffCpuInfo, OffCpuRecord, PyCapture, SampleEvent, event_kind, offcpu_flags,
     sample_flags,
@@ -27,6 +27,9 @@ const NOEXIST: u64 = 1;
 pub struct OffCpuMap {
     map: HashMap<MapData, u32, OffCpuRecord>,
     period_ns: u64,
+    /// A second handle on `KSTACKS` (`--kernel`): the kernel stacks of the intervals still
+    /// open at the end are read after the collector is gone.
+    kstacks: Option<StackTraceMap<MapData>>,
 }
 
 /// A thread to seed: off a CPU when first seen, with the state `/proc` gives.
@@ -43,8 +46,16 @@ pub struct Seed {
 }
 
 impl OffCpuMap {
-    pub(crate) fn new(map: HashMap<MapData, u32, OffCpuRecord>, period_ns: u64) -> OffCpuMap {
-        OffCpuMap { map, period_ns }
+    pub(crate) fn new(
+        map: HashMap<MapData, u32, OffCpuRecord>,
+        period_ns: u64,
+        kstacks: Option<StackTraceMap<MapData>>,
+    ) -> OffCpuMap {
+        OffCpuMap {
+            map,
+            period_ns,
+            kstacks,
+        }
     }
 
     /// The off-CPU sampling period (ns).
@@ -93,8 +104,9 @@ impl OffCpuMap {
     }
 
     /// The intervals still open, closed at `end_ns`, as the kernel would send them (those
-    /// without a sampling instant left out). Read once, when the programs are detached.
-    pub fn open_intervals(&self, end_ns: u64) -> Vec<RawSample> {
+    /// without a sampling instant left out), each with its kernel stack (innermost first) when
+    /// one was recorded. Read once, when the programs are detached.
+    pub fn open_intervals(&self, end_ns: u64) -> Vec<(RawSample, Option<Vec<u64>>)> {
         let mut out = Vec::new();
         for item in &self.map {
             let Ok((_, mut rec)) = item else { continue };
@@ -103,10 +115,23 @@ impl OffCpuMap {
             }
             rec.off.t_in = end_ns;
             if let Ok(s) = decode_sample(sampler_common::encode(&rec), Some(rec.off)) {
-                out.push(s);
+                let kernel = self.kernel_stack(s.kernel_stack_id);
+                out.push((s, kernel));
             }
         }
         out
+    }
+}
+
+impl OffCpuMap {
+    fn kernel_stack(&self, id: i32) -> Option<Vec<u64>> {
+        let trace = self
+            .kstacks
+            .as_ref()?
+            .get(&u32::try_from(id).ok()?, 0)
+            .ok()?;
+        let frames: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+        (!frames.is_empty()).then_some(frames)
     }
 }
 

@@ -196,7 +196,7 @@ impl Stage {
         let open = map.open_intervals(super::idle::monotonic_ns());
         let items: Vec<Staged> = open
             .into_iter()
-            .filter_map(|s| self.sample(s, None))
+            .filter_map(|(s, kernel)| self.sample(s, kernel))
             .map(Staged::Sample)
             .collect();
         if !items.is_empty() {

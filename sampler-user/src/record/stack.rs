@@ -299,6 +299,7 @@ impl StackBuilder {
             self.count("kernel_stack_missing");
             return;
         };
+        let start = out.len();
         for &addr in addrs.iter().rev() {
             let id = if let Some(id) = self.kernel_frames.get(&addr) {
                 *id
@@ -310,7 +311,27 @@ impl StackBuilder {
             };
             out.push(id);
         }
+        if s.off_cpu.is_some() {
+            // Taken in the `sched_switch` program: its own frames and the tracepoint's are not
+            // where the thread waits (`__schedule` is its innermost frame).
+            while out.len() > start && is_tracing_frame(&profile.frame(out[out.len() - 1]).name) {
+                out.pop();
+            }
+        }
     }
+}
+
+/// A kernel frame of the BPF program or of the tracepoint that ran it.
+fn is_tracing_frame(name: &str) -> bool {
+    [
+        "bpf_prog_",
+        "bpf_trace_run",
+        "__bpf_trace_",
+        "__traceiter_",
+        "bpf_dispatcher",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
 }
 
 /// The NUL-terminated comm as a string (lossy).
