@@ -156,7 +156,9 @@ impl StackBuilder {
                 PyItem::Entry => PyItem::Entry,
             });
         }
-        if self.cfg.native {
+        // An off-CPU interval carries no stack copy (a copy at every context switch would cost
+        // more than the switch): its Python frames stand alone, as without `--native`.
+        if self.cfg.native && s.off_cpu.is_none() {
             let ranges = py.as_ref().and_then(|p| p.eval.clone());
             let truncated = self.unwind(profile, registry, &s, ranges.as_deref());
             if truncated {
