@@ -25,6 +25,8 @@ mod tracefs;
 mod variant;
 
 #[cfg(test)]
+mod offcpu_tests;
+#[cfg(test)]
 mod python_tests;
 #[cfg(test)]
 mod root_tests;
