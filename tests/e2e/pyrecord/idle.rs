@@ -455,8 +455,10 @@ fn idle_off_cpu_stacks_each_variant_3_12() {
         let line = rec
             .stderr_lines("pyebpf: off-CPU (--idle): ")
             .first()
-            .map(|l| (*l).to_string())
-            .unwrap_or_else(|| panic!("no off-CPU line:\n{}", rec.stderr));
+            .map_or_else(
+                || panic!("no off-CPU line:\n{}", rec.stderr),
+                |l| (*l).to_string(),
+            );
         let sent: u64 = line
             .split(" intervals sent")
             .next()
