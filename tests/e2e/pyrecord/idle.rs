@@ -495,3 +495,63 @@ fn idle_off_cpu_stacks_each_variant_3_12() {
         }
     }
 }
+
+/// `record --all --idle`: the threads of Python processes are followed off a CPU (the
+/// workload's blocked thread, asleep since before the run, included), no other process is:
+/// every process with an off-CPU stack is one the run attached to as Python.
+#[test]
+fn all_idle_follows_python_processes_only_3_12() {
+    let Some(interp) = setup("3.12") else {
+        return;
+    };
+    let (w, _) = start_with_stats(&interp, "rec_idle.py", &[]);
+    let dir = OutDir::new("idle-all");
+    let rec = record(
+        &["--all", "--idle", "-t", "-d", "4", "-f", "collapsed"],
+        &dir.join("all.txt"),
+        &[],
+    );
+    let blocked = rec.of_thread(w.pid, w.tid("blocked"));
+    assert!(
+        total(&blocked) > 0
+            && count_where(&blocked, |s| s
+                .frames
+                .last()
+                .unwrap()
+                .starts_with("[off-CPU: "))
+                == total(&blocked),
+        "the blocked thread under --all --idle:\n{}\n{}",
+        show(&blocked, 8),
+        rec.stderr
+    );
+    let root_pid = |s: &super::support::Sample| -> Option<u32> {
+        let r = &s.frames[0];
+        r.rsplit_once(" (")?.1.strip_suffix(')')?.parse().ok()
+    };
+    // The Python processes the run attached to: one summary line each (`pyebpf: python comm
+    // (pid) 3.12: …`).
+    let python: std::collections::BTreeSet<u32> = rec
+        .stderr_lines("pyebpf: python ")
+        .iter()
+        .filter_map(|l| l.split_once(") ")?.0.rsplit_once(" (")?.1.parse().ok())
+        .collect();
+    let off_cpu: std::collections::BTreeSet<u32> = rec
+        .samples
+        .iter()
+        .filter(|s| s.frames.last().unwrap().starts_with("[off-CPU: "))
+        .filter_map(root_pid)
+        .collect();
+    let strays: Vec<&u32> = off_cpu.difference(&python).collect();
+    assert!(
+        strays.is_empty(),
+        "off-CPU samples of processes not attached as Python: {strays:?}\n{}",
+        rec.stderr
+    );
+    assert!(off_cpu.contains(&w.pid));
+    let line = rec.stderr_lines("pyebpf: off-CPU (--idle): ");
+    assert!(
+        line.len() == 1 && line[0].contains(" 0 not followed (map full)"),
+        "{}",
+        rec.stderr
+    );
+}
