@@ -151,12 +151,12 @@ fn sample_window(saved: &Path, tid: u32) -> (f64, f64) {
 /// (spin, sleep) seconds of `cycler`'s cycles (`[start, end of spin, end of sleep]`) within
 /// `[from, to]`.
 fn split_within(stats: &Value, cycler: &str, from: f64, to: f64) -> (f64, f64) {
-    let cycles = stats[cycler]["cycles"]
+    let logged = stats[cycler]["cycles"]
         .as_array()
         .unwrap_or_else(|| panic!("stats: no cycles of {cycler}"));
     let overlap = |a: f64, b: f64| (b.min(to) - a.max(from)).max(0.0);
     let (mut spin, mut sleep) = (0.0, 0.0);
-    for c in cycles {
+    for c in logged {
         let t: Vec<f64> = c
             .as_array()
             .unwrap()
@@ -166,7 +166,7 @@ fn split_within(stats: &Value, cycler: &str, from: f64, to: f64) -> (f64, f64) {
         spin += overlap(t[0], t[1]);
         sleep += overlap(t[1], t[2]);
     }
-    let first = cycles[0][0].as_f64().unwrap();
+    let first = logged[0][0].as_f64().unwrap();
     assert!(
         first <= from,
         "{cycler}: the kept cycles start at {first}, after the recording's {from}"
