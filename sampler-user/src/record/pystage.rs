@@ -116,6 +116,9 @@ pub fn start(
         .spawn(move || {
             let mut stage = Stage {
                 cfg,
+                accounted: crate::lru::FastMap::default(),
+                open_at: Instant::now(),
+                keep_seed: false,
                 tracker,
                 table: super::pyproc::FrameTable::default(),
                 errors: std::collections::BTreeMap::new(),
@@ -129,8 +132,19 @@ pub fn start(
     (PyStageHandle { handle }, rx)
 }
 
+/// How often the open off-CPU intervals are accounted (`--idle`): a thread asleep for the whole
+/// run shows in a live view and in a streamed file within about this long.
+const OPEN_EVERY: Duration = Duration::from_secs(1);
+
 struct Stage {
     cfg: StageConfig,
+    /// `--idle`: host tid → (the open interval's `t_out`, accounted up to) by
+    /// [`Stage::account_open`].
+    accounted: crate::lru::FastMap<u32, (u64, u64)>,
+    /// When the open intervals were last accounted.
+    open_at: Instant,
+    /// Resolving an open interval: a seeded stack stays for the rest of it.
+    keep_seed: bool,
     tracker: Tracker,
     table: super::pyproc::FrameTable,
     errors: std::collections::BTreeMap<&'static str, u64>,
@@ -149,6 +163,13 @@ impl Stage {
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return self.flush_open(tx),
                 }
+            } else if self.tracker.offcpu().is_some() {
+                // --idle: wake for the open intervals even when no batch comes.
+                match input.recv_timeout(OPEN_EVERY) {
+                    Ok(b) => Some(b),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return self.flush_open(tx),
+                }
             } else {
                 match input.recv() {
                     Ok(b) => Some(b),
@@ -156,14 +177,24 @@ impl Stage {
                 }
             };
             self.tracker.tick(Instant::now());
+            if self.open_at.elapsed() >= OPEN_EVERY && self.tracker.offcpu().is_some() {
+                self.open_at = Instant::now();
+                let items = self.account_open(false);
+                if !items.is_empty() && tx.send(StagedBatch { items, drained: 0 }).is_err() {
+                    return;
+                }
+            }
             let Some(batch) = batch else { continue };
             let drained = samples_in(&batch);
             let mut items = Vec::with_capacity(batch.len());
             let t0 = Instant::now();
             for item in batch {
                 match item {
-                    Drained::Sample(s, kernel) => {
+                    Drained::Sample(mut s, kernel) => {
                         self.samples += 1;
+                        if !self.after_accounted(&mut s) {
+                            continue;
+                        }
                         if let Some(s) = self.sample(s, kernel) {
                             items.push(Staged::Sample(s));
                         }
@@ -190,17 +221,65 @@ impl Stage {
     /// are gone: nothing writes `OFFCPU` any more): the intervals still open, closed now, as a
     /// last batch.
     fn flush_open(&mut self, tx: &SyncSender<StagedBatch>) {
-        let Some(map) = self.tracker.offcpu() else {
-            return;
-        };
-        let open = map.open_intervals(super::idle::monotonic_ns());
-        let items: Vec<Staged> = open
-            .into_iter()
-            .filter_map(|(s, kernel)| self.sample(s, kernel))
-            .map(Staged::Sample)
-            .collect();
+        let items = self.account_open(true);
         if !items.is_empty() {
             let _ = tx.send(StagedBatch { items, drained: 0 });
+        }
+    }
+
+    /// `--idle`: the intervals still open (a thread asleep for seconds), as samples up to now,
+    /// each from where the previous call left it; `last`: the end of the run. The kernel
+    /// sends such an interval whole at its switch-in; [`Self::after_accounted`] then keeps
+    /// only what was not accounted here (the weight of `(a, b]` is the weight of `(a, m]` plus
+    /// that of `(m, b]` on the sampling grid, so nothing is lost or counted twice).
+    fn account_open(&mut self, last: bool) -> Vec<Staged> {
+        let Some(map) = self.tracker.offcpu() else {
+            return Vec::new();
+        };
+        let now = super::idle::monotonic_ns();
+        let open = map.open_intervals(now);
+        let mut items = Vec::with_capacity(open.len());
+        for (mut raw, kernel) in open {
+            let Some(off) = raw.off_cpu.as_mut() else {
+                continue;
+            };
+            let t_out = off.t_out;
+            let from = match self.accounted.get(&raw.tid) {
+                Some(&(t, to)) if t == t_out => to,
+                _ => t_out,
+            };
+            if !super::idle::clip(off, from) {
+                continue;
+            }
+            raw.time_ns = off.t_out;
+            if last {
+                self.accounted.remove(&raw.tid);
+            } else {
+                self.accounted.insert(raw.tid, (t_out, now));
+            }
+            // The seeded stack stays for the rest of the interval.
+            self.keep_seed = !last;
+            if let Some(s) = self.sample(raw, kernel) {
+                items.push(Staged::Sample(s));
+            }
+            self.keep_seed = false;
+        }
+        items
+    }
+
+    /// An interval the kernel sent whole: the part [`Self::account_open`] did not take
+    /// already; `false` when nothing is left.
+    fn after_accounted(&mut self, raw: &mut RawSample) -> bool {
+        let Some(off) = raw.off_cpu.as_mut() else {
+            return true;
+        };
+        match self.accounted.remove(&raw.tid) {
+            Some((t_out, to)) if t_out == off.t_out => {
+                let left = super::idle::clip(off, to);
+                raw.time_ns = off.t_out;
+                left
+            }
+            _ => true,
         }
     }
 
@@ -236,7 +315,7 @@ impl Stage {
         let py = if let Some(c) = &cap {
             Some(proc.resolve(c, &mut self.table))
         } else if seeded {
-            let stack = proc.take_seed(tid, &mut self.table);
+            let stack = proc.seed_stack(tid, &mut self.table, !self.keep_seed);
             if stack.is_none() {
                 proc.stats.count("offcpu_seed_missing");
             }
