@@ -15,6 +15,13 @@ use std::sync::LazyLock;
 
 /// Where the running kernel publishes its BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// Overrides [`VMLINUX_BTF`] (end-to-end tests of a kernel without BTF).
+pub const FAKE_BTF_PATH_ENV: &str = "PYEBPF_TEST_FAKE_BTF_PATH";
+
+/// The kernel BTF file: [`VMLINUX_BTF`], or the test override.
+pub fn path() -> std::path::PathBuf {
+    std::env::var_os(FAKE_BTF_PATH_ENV).map_or_else(|| VMLINUX_BTF.into(), Into::into)
+}
 
 /// `thread.fsbase` in `task_struct`, read once per run.
 pub fn task_fsbase_offset() -> Option<u32> {

@@ -191,7 +191,7 @@ impl Collector {
             return Err(CollectError::NotBuilt);
         }
         raise_memlock_limit();
-        let features = KernelFeatures::probe(&crate::preflight::btf_path());
+        let features = KernelFeatures::probe(&btf::path());
         let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
         let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
             .into_iter()
@@ -248,8 +248,10 @@ impl Collector {
         let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
         let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
-        let python_procs =
-            PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
+        let python_procs = PythonProcMap::new(
+            take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?,
+            btf::task_fsbase_offset(),
+        );
 
         for (program, name) in [
             (programs::EXEC, "sched_process_exec"),

@@ -150,8 +150,8 @@ pub struct KernelFeatures {
 }
 
 impl KernelFeatures {
-    /// Probe the running kernel. `btf_path` is the kernel BTF to read (`preflight` decides
-    /// which; end-to-end tests fake a missing one).
+    /// Probe the running kernel. `btf_path` is the kernel BTF to read ([`btf::path`]:
+    /// end-to-end tests fake a missing one).
     pub fn probe(btf_path: &std::path::Path) -> KernelFeatures {
         let perf = ProgramType::PerfEvent;
         let helper = |h: BpfHelper| {
