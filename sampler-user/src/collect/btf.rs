@@ -34,21 +34,26 @@ pub fn task_fsbase_offset() -> Option<u32> {
 
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
 const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
 const KIND_DECL_TAG: u32 = 17;
 const KIND_ENUM64: u32 = 19;
 
-/// One decoded type record: its kind, name, and (structs and unions) members as (name offset,
-/// type id, bit offset; `None` for a bitfield).
+/// One decoded type record: its kind, name, its size or referenced type, its `vlen` (members,
+/// parameters…), and (structs and unions) members as (name offset, type id, bit offset; `None`
+/// for a bitfield).
 struct Type {
     kind: u32,
     name_off: u32,
+    size_or_ref: u32,
+    vlen: u32,
     members: Vec<(u32, u32, Option<u32>)>,
 }
 
@@ -71,11 +76,14 @@ fn parse(blob: &[u8]) -> Option<(Vec<Type>, &[u8])> {
     let mut out = vec![Type {
         kind: 0,
         name_off: 0,
+        size_or_ref: 0,
+        vlen: 0,
         members: Vec::new(),
     }];
     let mut at = 0usize;
     while at < types.len() {
         let (name_off, info) = (u32_at(types, at)?, u32_at(types, at + 4)?);
+        let size_or_ref = u32_at(types, at + 8)?;
         let (kind, vlen, kind_flag) = ((info >> 24) & 0x1f, (info & 0xffff) as usize, info >> 31);
         at += 12;
         let mut members = Vec::new();
@@ -104,6 +112,8 @@ fn parse(blob: &[u8]) -> Option<(Vec<Type>, &[u8])> {
         out.push(Type {
             kind,
             name_off,
+            size_or_ref,
+            vlen: vlen as u32,
             members,
         });
     }
@@ -115,26 +125,62 @@ fn name(strings: &[u8], off: u32) -> &[u8] {
     &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())]
 }
 
+/// The type section of one BTF blob, parsed once for several lookups.
+pub struct Types<'a> {
+    types: Vec<Type>,
+    strings: &'a [u8],
+}
+
+impl<'a> Types<'a> {
+    /// Parses `blob`; `None` when it is not BTF or is malformed.
+    pub fn parse(blob: &'a [u8]) -> Option<Types<'a>> {
+        let (types, strings) = parse(blob)?;
+        Some(Types { types, strings })
+    }
+
+    /// Byte offset of the member at `path` (nested struct members) in the struct named `outer`.
+    pub fn member_offset(&self, outer: &str, path: &[&str]) -> Option<u32> {
+        let (types, strings) = (&self.types, self.strings);
+        let mut ty = types
+            .iter()
+            .position(|t| t.kind == KIND_STRUCT && name(strings, t.name_off) == outer.as_bytes())?;
+        let mut bits = 0u32;
+        for part in path {
+            let t = types.get(ty)?;
+            if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
+                return None;
+            }
+            let &(_, member_ty, bit) = t
+                .members
+                .iter()
+                .find(|(n, _, _)| name(strings, *n) == part.as_bytes())?;
+            bits = bits.checked_add(bit?)?;
+            ty = member_ty as usize;
+        }
+        bits.is_multiple_of(8).then_some(bits / 8)
+    }
+
+    /// The number of parameters of the function a typedef of a function pointer names (e.g.
+    /// `btf_trace_sched_switch`, whose first parameter is the tracepoint's `void *__data`).
+    pub fn typedef_fn_params(&self, typedef: &str) -> Option<u32> {
+        let t = self.types.iter().find(|t| {
+            t.kind == KIND_TYPEDEF && name(self.strings, t.name_off) == typedef.as_bytes()
+        })?;
+        let ptr = self
+            .types
+            .get(t.size_or_ref as usize)
+            .filter(|p| p.kind == KIND_PTR)?;
+        let proto = self
+            .types
+            .get(ptr.size_or_ref as usize)
+            .filter(|p| p.kind == KIND_FUNC_PROTO)?;
+        Some(proto.vlen)
+    }
+}
+
 /// Byte offset of the member at `path` (nested struct members) in the struct named `outer`.
 pub fn member_offset(blob: &[u8], outer: &str, path: &[&str]) -> Option<u32> {
-    let (types, strings) = parse(blob)?;
-    let mut ty = types
-        .iter()
-        .position(|t| t.kind == KIND_STRUCT && name(strings, t.name_off) == outer.as_bytes())?;
-    let mut bits = 0u32;
-    for part in path {
-        let t = types.get(ty)?;
-        if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
-            return None;
-        }
-        let &(_, member_ty, bit) = t
-            .members
-            .iter()
-            .find(|(n, _, _)| name(strings, *n) == part.as_bytes())?;
-        bits = bits.checked_add(bit?)?;
-        ty = member_ty as usize;
-    }
-    bits.is_multiple_of(8).then_some(bits / 8)
+    Types::parse(blob)?.member_offset(outer, path)
 }
 
 #[cfg(test)]

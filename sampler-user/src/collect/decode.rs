@@ -9,14 +9,14 @@
 //! bounded by `stack_cap`, by the record length and by the largest size class; the Python
 //! capture by `size_of::<PyCapture>()`, the record length and `PY_MAX_FRAMES`.
 use sampler_common::{
-    EventHeader, PY_MAX_FRAMES, ProcEvent, PyCapture, PyFrameRecord, STACK_SIZE_CLASSES,
-    SampleEvent, UserRegs, decode, event_kind,
+    EventHeader, OffCpuInfo, PY_MAX_FRAMES, ProcEvent, PyCapture, PyFrameRecord,
+    STACK_SIZE_CLASSES, SampleEvent, UserRegs, decode, event_kind,
 };
 
 /// One event from the kernel side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A CPU-clock sample of a (target) thread.
+    /// A CPU-clock sample of a (target) thread, or (with `off_cpu`) an off-CPU interval.
     Sample(RawSample),
     /// A (target) process called `execve`.
     Exec(ProcChange),
@@ -51,6 +51,9 @@ pub struct RawSample {
     /// The Python frames captured in the kernel, when the process is in `PY_PROCS`
     /// (see [`super::PythonProcMap`]).
     pub python: Option<PyCaptured>,
+    /// For an off-CPU interval (`--idle`): the interval; the rest of the sample is its
+    /// switch-out (`time_ns` is `off_cpu.t_out`).
+    pub off_cpu: Option<OffCpuInfo>,
 }
 
 /// The Python part of a sample as the kernel captured it (see `sampler_common::PyCapture`):
@@ -138,6 +141,7 @@ pub enum Malformed {
 }
 
 const SAMPLE_SIZE: usize = size_of::<SampleEvent>();
+const OFF_CPU_SIZE: usize = size_of::<OffCpuInfo>();
 const PY_CAPTURE_SIZE: usize = size_of::<PyCapture>();
 const PY_FRAMES_OFFSET: usize = std::mem::offset_of!(PyCapture, frames);
 const PY_FRAME_SIZE: usize = size_of::<PyFrameRecord>();
@@ -147,7 +151,12 @@ pub fn decode_record(bytes: &[u8]) -> Result<Event, Malformed> {
     let too_short = Malformed::TooShort { len: bytes.len() };
     let header = decode::<EventHeader>(bytes).ok_or(too_short)?;
     match header.kind {
-        event_kind::SAMPLE => decode_sample(bytes).map(Event::Sample),
+        event_kind::SAMPLE => decode_sample(bytes, None).map(Event::Sample),
+        event_kind::OFFCPU => {
+            let off = decode::<OffCpuInfo>(bytes.get(SAMPLE_SIZE..).unwrap_or_default())
+                .ok_or(too_short)?;
+            decode_sample(bytes, Some(off)).map(Event::Sample)
+        }
         event_kind::EXEC => decode_proc(bytes).map(Event::Exec),
         event_kind::EXIT => decode_proc(bytes).map(Event::Exit),
         event_kind::FORK => decode_proc(bytes).map(Event::Fork),
@@ -155,8 +164,18 @@ pub fn decode_record(bytes: &[u8]) -> Result<Event, Malformed> {
     }
 }
 
-fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
+/// A sample record, or with `off` an off-CPU record (whose stack and capture follow the
+/// `OffCpuInfo`).
+pub(super) fn decode_sample(bytes: &[u8], off: Option<OffCpuInfo>) -> Result<RawSample, Malformed> {
     let ev = decode::<SampleEvent>(bytes).ok_or(Malformed::TooShort { len: bytes.len() })?;
+    // From here on `bytes` starts `OFF_CPU_SIZE` later for an off-CPU record: the stack and
+    // the capture then sit at the offsets a sample has them (`ev` is already decoded).
+    let skip = if off.is_some() { OFF_CPU_SIZE } else { 0 };
+    let len = bytes.len();
+    let bytes = bytes
+        .get(skip..)
+        .filter(|b| b.len() >= SAMPLE_SIZE)
+        .ok_or(Malformed::TooShort { len })?;
     let stack = if ev.stack_cap == 0 {
         if ev.stack_len != 0 {
             return Err(Malformed::BadStack {
@@ -195,6 +214,7 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
         regs: ev.regs,
         stack,
         python,
+        off_cpu: off,
     })
 }
 

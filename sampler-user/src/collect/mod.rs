@@ -18,6 +18,7 @@ pub mod btf;
 mod counters;
 mod decode;
 mod error;
+mod offcpu;
 mod python_procs;
 mod targets;
 mod tracefs;
@@ -28,7 +29,10 @@ mod python_tests;
 #[cfg(test)]
 mod root_tests;
 
-use std::{os::fd::AsRawFd as _, os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -42,10 +46,11 @@ pub use counters::CounterTotals;
 pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy, decode_record};
 pub use error::CollectError;
 use error::{errno_of, one_line};
+pub use offcpu::{OffCpuMap, Seed};
 pub use python_procs::PythonProcMap;
 use sampler_common::{
-    Config, Counter, KERNEL_STACKS_ENTRIES, PyCapture, STACK_SIZE_CLASSES, SampleEvent,
-    TARGET_PIDS_ENTRIES, maps, programs,
+    Config, Counter, KERNEL_STACKS_ENTRIES, OFFCPU_ENTRIES, PyCapture, STACK_SIZE_CLASSES,
+    SampleEvent, TARGET_PIDS_ENTRIES, maps, programs,
 };
 pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
@@ -92,6 +97,10 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/py
 
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the kernel side, each a `Config` flag"
+)]
 pub struct CollectConfig {
     /// Samples per second per CPU.
     pub frequency_hz: u64,
@@ -114,6 +123,8 @@ pub struct CollectConfig {
     pub self_pid: u32,
     /// Which variant of the sampling program to load (`variant.rs`).
     pub variant: VariantChoice,
+    /// `--idle`: follow target Python threads off a CPU too (`sched_switch`, `sched_wakeup`).
+    pub idle: bool,
 }
 
 impl Default for CollectConfig {
@@ -128,6 +139,7 @@ impl Default for CollectConfig {
             ring_bytes: 0,
             self_pid: std::process::id(),
             variant: VariantChoice::Auto,
+            idle: false,
         }
     }
 }
@@ -168,6 +180,10 @@ pub struct Collector {
     targets: targets::TargetPids,
     /// `PY_PROCS`, until [`Collector::take_python_procs`] hands it out.
     python_procs: Option<PythonProcMap>,
+    /// `OFFCPU` (with `--idle`), until [`Collector::take_offcpu`] hands it out.
+    offcpu: Option<OffCpuMap>,
+    /// The off-CPU program's variant (with `--idle`).
+    switch: Option<Choice>,
     cpus: usize,
     ring_bytes: u32,
     malformed: u64,
@@ -180,6 +196,8 @@ pub struct Collector {
     /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
     /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
     sizes: Option<ProgramStats>,
+    /// The same for the off-CPU program.
+    switch_sizes: Option<ProgramStats>,
 }
 
 impl Collector {
@@ -193,27 +211,15 @@ impl Collector {
         raise_memlock_limit();
         let features = KernelFeatures::probe(&btf::path());
         let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
+        let switch = cfg
+            .idle
+            .then(|| variant::choose(&variant::SWITCH, &features, &cfg.variant))
+            .transpose()?;
         let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
             .into_iter()
             .collect();
         let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
-        let config = Config {
-            filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
-            follow_children: u32::from(cfg.follow_children),
-            stack_bytes: cfg.stack_bytes,
-            kernel_stacks: u32::from(cfg.kernel_stacks),
-            self_pid: cfg.self_pid,
-            fork_pid_offset: fork.pid,
-            fork_flags_offset: fork.clone_flags,
-            // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
-            wakeup_bytes: ring_bytes / 8,
-            task_stack_offset: if sampler.variant.task_stack {
-                features.task_stack_offset.unwrap_or(0)
-            } else {
-                0
-            },
-            pad: 0,
-        };
+        let config = kernel_config(cfg, ring_bytes, &features, &sampler, switch.as_ref(), fork);
         let mut ebpf = EbpfLoader::new()
             .override_global(maps::CONFIG, &config, true)
             .map_max_entries(maps::EVENTS, ring_bytes)
@@ -227,6 +233,8 @@ impl Collector {
                     1
                 },
             )
+            // Preallocated (about 26 MiB with --idle): one entry without it.
+            .map_max_entries(maps::OFFCPU, if cfg.idle { OFFCPU_ENTRIES } else { 1 })
             .load(OBJECT)
             .map_err(|e| CollectError::LoadObject {
                 reason: one_line(&e),
@@ -246,12 +254,27 @@ impl Collector {
             targets.add(pid)?;
         }
         let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
-        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
+        let mut offcpu_kstacks = None;
+        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, |map| {
+            if cfg.idle && cfg.kernel_stacks {
+                offcpu_kstacks = second_handle(&map);
+            }
+            StackTraceMap::try_from(map)
+        })?;
         let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
         let python_procs = PythonProcMap::new(
             take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?,
             btf::task_fsbase_offset(),
         );
+        let offcpu = if cfg.idle {
+            Some(OffCpuMap::new(
+                take_map(&mut ebpf, maps::OFFCPU, HashMap::try_from)?,
+                offcpu_period_ns(cfg.frequency_hz),
+                offcpu_kstacks,
+            ))
+        } else {
+            None
+        };
 
         for (program, name) in [
             (programs::EXEC, "sched_process_exec"),
@@ -261,6 +284,9 @@ impl Collector {
         }
         attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
         let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
+        if let Some(choice) = &switch {
+            attach_offcpu(&mut ebpf, choice.variant.program)?;
+        }
 
         Ok(Collector {
             ebpf,
@@ -269,6 +295,8 @@ impl Collector {
             counters,
             targets,
             python_procs: Some(python_procs),
+            offcpu,
+            switch,
             cpus,
             ring_bytes,
             malformed: 0,
@@ -276,9 +304,11 @@ impl Collector {
             sampler,
             notes,
             sizes: None,
+            switch_sizes: None,
         })
         .map(|mut c| {
             c.sizes = c.program_stats();
+            c.switch_sizes = c.offcpu_program_stats();
             c
         })
     }
@@ -295,6 +325,18 @@ impl Collector {
         self.python_procs.take().ok_or(CollectError::AlreadyTaken {
             map: maps::PY_PROCS,
         })
+    }
+
+    /// The handle on `OFFCPU` (with `--idle`), for the thread that attaches to Python processes
+    /// (it seeds threads already asleep, and reads the open intervals at the end). Handed out
+    /// once; `None` without `--idle` or when taken.
+    pub fn take_offcpu(&mut self) -> Option<OffCpuMap> {
+        self.offcpu.take()
+    }
+
+    /// The off-CPU program's variant and why, with `--idle`.
+    pub fn switch_variant(&self) -> Option<&Choice> {
+        self.switch.as_ref()
     }
 
     /// Wait up to `timeout` for events (or until `wake` is readable), then hand every
@@ -387,22 +429,7 @@ impl Collector {
 
     /// Statistics of the sampling program; `None` if its program info cannot be read.
     pub fn program_stats(&self) -> Option<ProgramStats> {
-        let program: &PerfEvent = self
-            .ebpf
-            .program(self.sampler.variant.program)?
-            .try_into()
-            .ok()?;
-        let info = program.info().ok()?;
-        let enabled = self.stats.is_some();
-        let mut stats = ProgramStats {
-            variant: self.sampler.to_string(),
-            run_time_ns: enabled
-                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
-            run_count: enabled.then(|| info.run_count()),
-            translated_insns: info.size_translated().unwrap_or(0) / 8,
-            jited_bytes: info.size_jitted(),
-            verified_insns: info.verified_instruction_count(),
-        };
+        let mut stats = self.stats_of(&self.sampler)?;
         if let Some(at_attach) = &self.sizes
             && stats.jited_bytes == 0
         {
@@ -411,6 +438,53 @@ impl Collector {
             stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
         }
         Some(stats)
+    }
+
+    /// Statistics of the off-CPU `sched_switch` program (`--idle`): its runs are every context
+    /// switch on the host; sizes as read at attach (see [`Collector::program_stats`]).
+    pub fn offcpu_program_stats(&self) -> Option<ProgramStats> {
+        let mut stats = self.stats_of(self.switch.as_ref()?)?;
+        if let Some(at_attach) = &self.switch_sizes
+            && stats.jited_bytes == 0
+        {
+            stats.translated_insns = at_attach.translated_insns;
+            stats.jited_bytes = at_attach.jited_bytes;
+            stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
+        }
+        Some(stats)
+    }
+
+    /// The statistics of the program `choice` names.
+    fn stats_of(&self, choice: &Choice) -> Option<ProgramStats> {
+        let info = self.ebpf.program(choice.variant.program)?.info().ok()?;
+        let enabled = self.stats.is_some();
+        Some(ProgramStats {
+            variant: choice.to_string(),
+            run_time_ns: enabled
+                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
+            run_count: enabled.then(|| info.run_count()),
+            translated_insns: info.size_translated().unwrap_or(0) / 8,
+            jited_bytes: info.size_jitted(),
+            verified_insns: info.verified_instruction_count(),
+        })
+    }
+
+    /// Whether this kernel refuses map operations to a thread without `CAP_BPF`: before 6.5,
+    /// with unprivileged BPF disabled, `bpf()` checks every command, not only loads (seen on
+    /// Debian 11's 5.10). Tried, not guessed from the version: a short-lived thread drops its
+    /// own capabilities and reads `COUNTERS`.
+    pub fn maps_need_cap_bpf(&self) -> bool {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::privilege::drop_all_in_this_thread()
+                    && matches!(
+                        self.counters.get(&(Counter::Runs as u32), 0),
+                        Err(e) if errno_of(&e) == Some(libc::EPERM)
+                    )
+            })
+            .join()
+            .unwrap_or(true)
+        })
     }
 
     /// The sampling program's variant and why it was chosen.
@@ -433,6 +507,46 @@ impl Collector {
     pub fn ring_bytes(&self) -> u32 {
         self.ring_bytes
     }
+}
+
+/// The `CONFIG` the programs are loaded with.
+fn kernel_config(
+    cfg: &CollectConfig,
+    ring_bytes: u32,
+    features: &KernelFeatures,
+    sampler: &Choice,
+    switch: Option<&Choice>,
+    fork: tracefs::ForkOffsets,
+) -> Config {
+    Config {
+        filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
+        follow_children: u32::from(cfg.follow_children),
+        stack_bytes: cfg.stack_bytes,
+        kernel_stacks: u32::from(cfg.kernel_stacks),
+        self_pid: cfg.self_pid,
+        fork_pid_offset: fork.pid,
+        fork_flags_offset: fork.clone_flags,
+        // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
+        wakeup_bytes: ring_bytes / 8,
+        task_stack_offset: if sampler.variant.task_stack
+            || switch.as_ref().is_some_and(|c| c.variant.task_stack)
+        {
+            features.task_stack_offset.unwrap_or(0)
+        } else {
+            0
+        },
+        offcpu: u32::from(cfg.idle),
+        task_pid_offset: features.task_pid_offset.unwrap_or(0),
+        task_state_offset: features.task_state_offset.unwrap_or(0),
+        switch_prev_state: u32::from(features.switch_prev_state),
+        pad: 0,
+        offcpu_period_ns: offcpu_period_ns(cfg.frequency_hz),
+    }
+}
+
+/// The off-CPU sampling period for a rate (`Config::offcpu_period_ns`).
+pub fn offcpu_period_ns(frequency_hz: u64) -> u64 {
+    1_000_000_000 / frequency_hz.max(1)
 }
 
 /// Check `cfg` against what the kernel side accepts; returns the ring size to use.
@@ -519,6 +633,17 @@ fn raise_memlock_limit() {
     tracing::debug!("RLIMIT_MEMLOCK could not be made unlimited (fine on kernels >= 5.11)");
 }
 
+/// A second handle on the stack-trace map `map`: with `--idle --kernel` the kernel stacks of
+/// the intervals still open at the end are read after the collector is gone.
+fn second_handle(map: &aya::maps::Map) -> Option<StackTraceMap<MapData>> {
+    let aya::maps::Map::StackTraceMap(data) = map else {
+        return None;
+    };
+    let fd = data.fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    StackTraceMap::try_from(aya::maps::Map::StackTraceMap(data)).ok()
+}
+
 /// Take a map out of `ebpf` and wrap it in its typed handle.
 fn take_map<T>(
     ebpf: &mut Ebpf,
@@ -578,6 +703,40 @@ fn attach_tracepoint(
             reason: one_line(&e),
             errno: errno_of(&e),
         })?;
+    Ok(())
+}
+
+/// Load and attach the off-CPU programs: `program` (the chosen `sched_switch` variant) and
+/// `pyebpf_wakeup`, BTF tracepoints typed against the kernel's own BTF.
+fn attach_offcpu(ebpf: &mut Ebpf, program: &'static str) -> Result<(), CollectError> {
+    let btf = aya::Btf::parse_file(btf::path(), aya::Endianness::default())
+        .map_err(|e| CollectError::ProgramLoad {
+            program,
+            reason: format!("kernel BTF: {}", one_line(&e)),
+            errno: None,
+            verifier_log: String::new(),
+        })?;
+    for (name, tracepoint) in [
+        (program, "sched_switch"),
+        (programs::WAKEUP, "sched_wakeup"),
+    ] {
+        let missing = CollectError::MissingInObject {
+            kind: "program",
+            name,
+        };
+        let tp: &mut aya::programs::BtfTracePoint = ebpf
+            .program_mut(name)
+            .ok_or(missing)?
+            .try_into()
+            .map_err(|e| load_error(name, e))?;
+        tp.load(tracepoint, &btf).map_err(|e| load_error(name, e))?;
+        tp.attach().map_err(|e| CollectError::AttachTracepoint {
+            category: "tp_btf",
+            name: tracepoint,
+            reason: one_line(&e),
+            errno: errno_of(&e),
+        })?;
+    }
     Ok(())
 }
 

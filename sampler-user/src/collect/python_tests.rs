@@ -268,6 +268,7 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
         ring_bytes: 0,
         self_pid: 0,
         variant: super::VariantChoice::from_env(),
+        idle: false,
     };
     let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{}: {e}", i.name));
     let mut procs = collector.take_python_procs().unwrap();

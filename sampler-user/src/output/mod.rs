@@ -178,6 +178,8 @@ pub(crate) mod tests {
                     comm: comm.into(),
                     thread_name: comm.into(),
                     gil: crate::profile::GilState::Unknown,
+                    state: crate::profile::ThreadState::OnCpu,
+                    weight: 1,
                 });
             }
         }

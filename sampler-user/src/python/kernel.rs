@@ -81,7 +81,7 @@ pub fn offsets_from_layout(
         gil_locked: off("gil.locked", g.locked)?,
         gil_holder: off("gil.last_holder", g.last_holder)?,
         gil_enabled: opt("gil.enabled", g.enabled)?,
-        _pad: 0,
+        gil_size: off("gil (bytes)", g.size())?,
     })
 }
 

@@ -9,7 +9,8 @@
 //! the same order, on a bounded channel (when it is full this thread waits; the drain thread
 //! then counts drops, never silently). The thread sleeps until a batch comes, and wakes on a
 //! short timer only while attaches are in flight or retries are due.
-//! At the end: the per-process stats.
+//! At the end: the off-CPU intervals still open (`--idle`: threads asleep when the run
+//! stopped), closed at that time, as a last batch; the per-process stats.
 //! Constraints: `--gil` keeps a sample only when its thread held the GIL at the sample
 //! (`locked && last_holder == tstate`, read in the kernel at that instant); a process whose
 //! runtime runs without a GIL is excluded entirely and reported once on stderr.
@@ -146,12 +147,12 @@ impl Stage {
                 match input.recv_timeout(Duration::from_millis(5)) {
                     Ok(b) => Some(b),
                     Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Disconnected) => return self.flush_open(tx),
                 }
             } else {
                 match input.recv() {
                     Ok(b) => Some(b),
-                    Err(_) => return,
+                    Err(_) => return self.flush_open(tx),
                 }
             };
             self.tracker.tick(Instant::now());
@@ -185,6 +186,24 @@ impl Stage {
         }
     }
 
+    /// The end of a `--idle` run (the drain thread, and with it the collector and its programs,
+    /// are gone: nothing writes `OFFCPU` any more): the intervals still open, closed now, as a
+    /// last batch.
+    fn flush_open(&mut self, tx: &SyncSender<StagedBatch>) {
+        let Some(map) = self.tracker.offcpu() else {
+            return;
+        };
+        let open = map.open_intervals(super::idle::monotonic_ns());
+        let items: Vec<Staged> = open
+            .into_iter()
+            .filter_map(|(s, kernel)| self.sample(s, kernel))
+            .map(Staged::Sample)
+            .collect();
+        if !items.is_empty() {
+            let _ = tx.send(StagedBatch { items, drained: 0 });
+        }
+    }
+
     fn count(&mut self, kind: &'static str) {
         *self.errors.entry(kind).or_default() += 1;
     }
@@ -211,8 +230,17 @@ impl Stage {
         if gil && !gil_keep(pid, proc, cap.as_ref()) {
             return None;
         }
+        let seeded = raw
+            .off_cpu
+            .is_some_and(|o| o.flags & sampler_common::offcpu_flags::SEEDED != 0);
         let py = if let Some(c) = &cap {
             Some(proc.resolve(c, &mut self.table))
+        } else if seeded {
+            let stack = proc.take_seed(tid, &mut self.table);
+            if stack.is_none() {
+                proc.stats.count("offcpu_seed_missing");
+            }
+            stack
         } else {
             proc.stats.samples += 1;
             if proc.attached_at.elapsed() > super::pyproc::CAPTURE_WARMUP {
@@ -220,9 +248,10 @@ impl Stage {
             }
             None
         };
-        let running_python = cap
-            .as_ref()
-            .is_some_and(|c| c.flags & py_flags::CAPTURED != 0);
+        let running_python = seeded
+            || cap
+                .as_ref()
+                .is_some_and(|c| c.flags & py_flags::CAPTURED != 0);
         let thread_name = if self.cfg.threads {
             proc.thread_name(tid, running_python)
         } else {
