@@ -285,7 +285,9 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
     );
     assert_eq!(
         stored.task_fsbase,
-        super::btf::task_fsbase_offset().unwrap_or(sampler_common::PY_NO_OFFSET)
+        super::KernelFeatures::probe(&super::btf::path())
+            .task_fsbase_offset
+            .unwrap_or(sampler_common::PY_NO_OFFSET)
     );
 
     let mut captures = Vec::new();

@@ -5,7 +5,6 @@
 use serde_json::Value;
 
 use super::{ReportOptions, render};
-use crate::output::Renderer as _;
 use crate::profile::{Frame, FrameKind, GilState, Profile, RunMeta, Sample, ThreadState};
 
 /// Adds one sample of `tid` (pid 10, `app`) with `frames` (Python `name (/a.py:1)`, then the
