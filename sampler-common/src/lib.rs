@@ -907,6 +907,48 @@ mod tests {
     }
 
     #[test]
+    fn offcpu_record_round_trips_and_is_laid_out_as_decoded() {
+        let rec = OffCpuRecord {
+            event: SampleEvent {
+                header: EventHeader {
+                    kind: event_kind::OFFCPU,
+                    flags: sample_flags::REGS_FROM_TASK,
+                },
+                time_ns: 5,
+                pid: 7,
+                tid: 8,
+                py_cap: core::mem::size_of::<PyCapture>() as u32,
+                ..SampleEvent::default()
+            },
+            off: OffCpuInfo {
+                t_out: 5,
+                t_wake: 6,
+                t_in: 9,
+                syscall: 202,
+                task_state: 1,
+                flags: offcpu_flags::GIL_WAIT | offcpu_flags::IN_SYSCALL,
+            },
+            py: PyCapture {
+                tstate: 3,
+                gil_holder: 4,
+                gil_locked: 1,
+                gil_enabled: -1,
+                nframes: 0,
+                flags: py_flags::CAPTURED,
+                frames: [PyFrameRecord::default(); PY_MAX_FRAMES],
+            },
+        };
+        let bytes = encode(&rec);
+        assert_eq!(bytes.len(), 96 + 40 + 32 + 24 * PY_MAX_FRAMES);
+        let back = decode::<OffCpuRecord>(bytes).unwrap();
+        assert_eq!((back.event, back.off), (rec.event, rec.off));
+        // The interval right after the sample header, the capture right after it.
+        assert_eq!(decode::<OffCpuInfo>(&bytes[96..]), Some(rec.off));
+        assert_eq!(u64::from_le_bytes(bytes[136..144].try_into().unwrap()), 3);
+        assert_eq!(decode::<OffCpuInfo>(&bytes[96..135]), None);
+    }
+
+    #[test]
     fn counter_names_are_unique() {
         for (i, a) in Counter::ALL.iter().enumerate() {
             for b in &Counter::ALL[i + 1..] {

@@ -238,6 +238,44 @@ mod tests {
         assert_eq!(member_offset(b"garbage", "task_struct", &[]), None);
     }
 
+    /// `typedef void (*btf_trace_f)(void *, int)`: a typedef of a pointer to a 2-parameter
+    /// function prototype.
+    #[test]
+    fn typedef_function_parameters() {
+        let strings = b"\0btf_trace_f\0int\0".to_vec();
+        let mut t = Vec::new();
+        let mut rec = |words: &[u32]| t.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        rec(&[5, KIND_INT << 24, 4, 32]); // 1: int
+        rec(&[0, KIND_FUNC_PROTO << 24 | 2, 0]); // 2: void (void *, int)
+        rec(&[0, 0]);
+        rec(&[0, 1]);
+        rec(&[0, KIND_PTR << 24, 2]); // 3: pointer to 2
+        rec(&[1, KIND_TYPEDEF << 24, 3]); // 4: btf_trace_f
+        let mut b = Vec::new();
+        b.extend(BTF_MAGIC.to_le_bytes());
+        b.extend([1u8, 0]);
+        for w in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(&t);
+        b.extend(&strings);
+        let types = Types::parse(&b).unwrap();
+        assert_eq!(types.typedef_fn_params("btf_trace_f"), Some(2));
+        assert_eq!(types.typedef_fn_params("int"), None);
+        assert_eq!(types.typedef_fn_params("nope"), None);
+        for cut in 0..b.len() {
+            if let Some(t) = Types::parse(&b[..cut]) {
+                let _ = t.typedef_fn_params("btf_trace_f");
+            }
+        }
+    }
+
     /// The running kernel's answers (x86-64: `thread_struct.fsbase`, a few KiB into the task;
     /// `pid` and `stack` before it).
     #[test]

@@ -562,6 +562,40 @@ mod tests {
     }
 
     #[test]
+    fn offcpu_record_decodes_with_its_interval_and_capture() {
+        use sampler_common::{OffCpuRecord, offcpu_flags, py_flags};
+        let mut ev = sample(0, 0);
+        ev.header.kind = event_kind::OFFCPU;
+        ev.py_cap = PY_CAPTURE_SIZE as u32;
+        let off = OffCpuInfo {
+            t_out: 10,
+            t_wake: 20,
+            t_in: 30,
+            syscall: 230,
+            task_state: 1,
+            flags: offcpu_flags::IN_SYSCALL,
+        };
+        let rec = OffCpuRecord {
+            event: ev,
+            off,
+            py: capture(4, py_flags::CAPTURED),
+        };
+        let bytes = encode(&rec);
+        let Event::Sample(s) = decode_record(bytes).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.off_cpu, Some(off));
+        assert_eq!((s.pid, s.tid, s.time_ns), (100, 101, 42));
+        let py = s.python.unwrap();
+        assert_eq!(py.frames.len(), 4);
+        assert_eq!(py.frames[3].executable, 0x1003);
+        // Cut anywhere: an error, never a panic.
+        for cut in 0..bytes.len() {
+            assert!(decode_record(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn garbage_never_panics() {
         // A cheap deterministic fuzz: every prefix of records with random-ish contents.
         let mut state = 0x1234_5678_u32;

@@ -27,6 +27,8 @@ mod tracefs;
 mod variant;
 
 #[cfg(test)]
+mod offcpu_tests;
+#[cfg(test)]
 mod python_tests;
 #[cfg(test)]
 mod root_tests;

@@ -9,9 +9,9 @@
 //! feature in one line.
 //!
 //! Constraints: a probe loads a two-instruction program per helper (aya's
-//! `is_helper_supported`, libbpf's method), a few milliseconds in all. Another program with
-//! variants (e.g. an off-CPU `sched_switch` program) adds its own table of [`Variant`]s and is
-//! chosen and reported the same way. The kernel facts behind each feature: docs/kernels.md.
+//! `is_helper_supported`, libbpf's method), a few milliseconds in all. The off-CPU
+//! `sched_switch` program of `--idle` ([`SWITCH`]) has its own table and is chosen and reported
+//! the same way. The kernel facts behind each feature: docs/kernels.md.
 use std::fmt;
 
 use aya::{

@@ -423,3 +423,135 @@ fn gil_wait_3_12() {
 fn gil_wait_3_9() {
     gil_wait("3.9");
 }
+
+/// The off-CPU programs work on this kernel, in each variant it runs (timing-free: the kernel
+/// matrix runs it under emulation): a cycler's `sleep_part` shows with the state frame the
+/// kernel captured at its switch-out (`clock_nanosleep`: the system call read from its saved
+/// registers), the thread blocked since before the run shows only with a state frame, and
+/// the summary counts intervals sent and none lost.
+#[test]
+fn idle_off_cpu_stacks_each_variant_3_12() {
+    let Some(interp) = setup("3.12") else {
+        return;
+    };
+    let (w, _) = start_with_stats(&interp, "rec_idle.py", &[]);
+    let dir = OutDir::new("idle-variants");
+    let pid = w.pid.to_string();
+    let sleep_fn = w.files.label_prefix("sleep_part");
+    let mut variants = vec![None];
+    for run_no in 0..2 {
+        let Some(variant) = variants.get(run_no).cloned() else {
+            break;
+        };
+        let env: Vec<(&str, &str)> = variant
+            .as_deref()
+            .map(|v| vec![("PYEBPF_SAMPLE_VARIANT", v)])
+            .unwrap_or_default();
+        let rec = record(
+            &["--idle", "-t", "-p", &pid, "-d", "3", "-f", "collapsed"],
+            &dir.join(&format!("run{run_no}.txt")),
+            &env,
+        );
+        let line = rec
+            .stderr_lines("pyebpf: off-CPU (--idle): ")
+            .first()
+            .map_or_else(
+                || panic!("no off-CPU line:\n{}", rec.stderr),
+                |l| (*l).to_string(),
+            );
+        let sent: u64 = line
+            .split(" intervals sent")
+            .next()
+            .and_then(|s| s.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(sent > 0, "no interval sent ({variant:?}): {line}");
+        assert!(line.contains(", 0 lost,"), "{line}");
+        let cycler = rec.of_thread(w.pid, w.tid("cycler-1"));
+        let captured = count_where(&cycler, |s| {
+            s.frames.iter().any(|f| f.starts_with(&sleep_fn))
+                && s.frames.last().unwrap() == "[off-CPU: sleeping in clock_nanosleep]"
+        });
+        assert!(
+            captured > 0,
+            "{variant:?}: no sleep_part stack ending in its captured state:\n{}\n{}",
+            show(&cycler, 12),
+            rec.stderr
+        );
+        let blocked = rec.of_thread(w.pid, w.tid("blocked"));
+        assert!(total(&blocked) > 0, "blocked thread without samples");
+        assert_eq!(
+            count_where(&blocked, |s| s
+                .frames
+                .last()
+                .unwrap()
+                .starts_with("[off-CPU: ")),
+            total(&blocked),
+            "{}",
+            show(&blocked, 8)
+        );
+        if run_no == 0 && line.contains("variant bpf_loop") {
+            variants.push(Some("bounded".to_string()));
+        }
+    }
+}
+
+/// `record --all --idle`: the threads of Python processes are followed off a CPU (the
+/// workload's blocked thread, asleep since before the run, included), no other process is:
+/// every process with an off-CPU stack is one the run attached to as Python.
+#[test]
+fn all_idle_follows_python_processes_only_3_12() {
+    let Some(interp) = setup("3.12") else {
+        return;
+    };
+    let (w, _) = start_with_stats(&interp, "rec_idle.py", &[]);
+    let dir = OutDir::new("idle-all");
+    let rec = record(
+        &["--all", "--idle", "-t", "-d", "4", "-f", "collapsed"],
+        &dir.join("all.txt"),
+        &[],
+    );
+    let blocked = rec.of_thread(w.pid, w.tid("blocked"));
+    assert!(
+        total(&blocked) > 0
+            && count_where(&blocked, |s| s
+                .frames
+                .last()
+                .unwrap()
+                .starts_with("[off-CPU: "))
+                == total(&blocked),
+        "the blocked thread under --all --idle:\n{}\n{}",
+        show(&blocked, 8),
+        rec.stderr
+    );
+    let root_pid = |s: &super::support::Sample| -> Option<u32> {
+        let r = &s.frames[0];
+        r.rsplit_once(" (")?.1.strip_suffix(')')?.parse().ok()
+    };
+    // The Python processes the run attached to: one summary line each (`pyebpf: python comm
+    // (pid) 3.12: …`).
+    let python: std::collections::BTreeSet<u32> = rec
+        .stderr_lines("pyebpf: python ")
+        .iter()
+        .filter_map(|l| l.split_once(") ")?.0.rsplit_once(" (")?.1.parse().ok())
+        .collect();
+    let off_cpu: std::collections::BTreeSet<u32> = rec
+        .samples
+        .iter()
+        .filter(|s| s.frames.last().unwrap().starts_with("[off-CPU: "))
+        .filter_map(root_pid)
+        .collect();
+    let strays: Vec<&u32> = off_cpu.difference(&python).collect();
+    assert!(
+        strays.is_empty(),
+        "off-CPU samples of processes not attached as Python: {strays:?}\n{}",
+        rec.stderr
+    );
+    assert!(off_cpu.contains(&w.pid));
+    let line = rec.stderr_lines("pyebpf: off-CPU (--idle): ");
+    assert!(
+        line.len() == 1 && line[0].contains(" 0 not followed (map full)"),
+        "{}",
+        rec.stderr
+    );
+}
