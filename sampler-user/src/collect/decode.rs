@@ -202,7 +202,12 @@ pub(super) fn decode_sample(bytes: &[u8], off: Option<OffCpuInfo>) -> Result<Raw
         })
     };
     // `stack_cap` is 0 or a size class here, and the record holds at least that many bytes.
-    let python = decode_python(&bytes[SAMPLE_SIZE + ev.stack_cap as usize..], ev.py_cap)?;
+    // An off-CPU record ends after its last captured frame.
+    let python = decode_python(
+        &bytes[SAMPLE_SIZE + ev.stack_cap as usize..],
+        ev.py_cap,
+        off.is_some(),
+    )?;
     Ok(RawSample {
         time_ns: ev.time_ns,
         pid: ev.pid,
@@ -218,8 +223,9 @@ pub(super) fn decode_sample(bytes: &[u8], off: Option<OffCpuInfo>) -> Result<Raw
     })
 }
 
-/// The `PyCapture` at the start of `tail` when `py_cap` declares one.
-fn decode_python(tail: &[u8], py_cap: u32) -> Result<Option<PyCaptured>, Malformed> {
+/// The `PyCapture` at the start of `tail` when `py_cap` declares one; with `cut`, `tail` may
+/// end right after the capture's last valid frame (an off-CPU record).
+fn decode_python(tail: &[u8], py_cap: u32, cut: bool) -> Result<Option<PyCaptured>, Malformed> {
     if py_cap == 0 {
         return Ok(None);
     }
@@ -230,9 +236,20 @@ fn decode_python(tail: &[u8], py_cap: u32) -> Result<Option<PyCaptured>, Malform
     if py_cap as usize != PY_CAPTURE_SIZE {
         return Err(bad(0));
     }
-    let cap = decode::<PyCapture>(tail).ok_or(bad(0))?;
+    let cap = if cut {
+        // The fixed part, then as many frames as the record holds (checked below).
+        let mut whole = vec![0u8; PY_CAPTURE_SIZE];
+        let have = tail.len().min(PY_CAPTURE_SIZE);
+        if have < PY_FRAMES_OFFSET {
+            return Err(bad(0));
+        }
+        whole[..have].copy_from_slice(&tail[..have]);
+        decode::<PyCapture>(&whole).ok_or(bad(0))?
+    } else {
+        decode::<PyCapture>(tail).ok_or(bad(0))?
+    };
     let n = cap.nframes as usize;
-    if n > PY_MAX_FRAMES {
+    if n > PY_MAX_FRAMES || tail.len() < PY_FRAMES_OFFSET + n * PY_FRAME_SIZE {
         return Err(bad(cap.nframes));
     }
     let frames = tail[PY_FRAMES_OFFSET..PY_FRAMES_OFFSET + n * PY_FRAME_SIZE]
@@ -580,7 +597,13 @@ mod tests {
             off,
             py: capture(4, py_flags::CAPTURED),
         };
-        let bytes = encode(&rec);
+        let whole = encode(&rec);
+        // As the kernel sends it: cut after the last captured frame.
+        let bytes = &whole[..96 + 40 + PY_FRAMES_OFFSET + 4 * PY_FRAME_SIZE];
+        let Event::Sample(s) = decode_record(whole).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.python.unwrap().frames.len(), 4);
         let Event::Sample(s) = decode_record(bytes).unwrap() else {
             panic!("not a sample")
         };

@@ -58,6 +58,9 @@ pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 /// (the drain thread only decodes and hands batches on, so this covers it waiting for a CPU
 /// on a loaded host).
 pub const RING_SECONDS: f64 = 1.0;
+/// With `--idle`, the ring is sized for this many more threads than CPUs sending a record at
+/// every sampling instant (a thread that switches at least `rate` times a second).
+pub const IDLE_RING_THREADS: usize = 8;
 /// Largest ring buffer accepted (`--ring-size`).
 pub const MAX_RING_BYTES: u32 = 256 << 20;
 /// Largest ring buffer sized automatically: half a second at 10 000 samples/s (Python samples
@@ -630,7 +633,14 @@ fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
     }
     let ring = if cfg.ring_bytes == 0 {
         let cpus = aya::util::online_cpus().map_or(1, |c| c.len());
-        ring_bytes_for(cfg.frequency_hz, cpus, cfg.stack_bytes)
+        // --idle: room for the off-CPU intervals of as many threads again as there are CPUs,
+        // plus IDLE_RING_THREADS (each sends at most `rate` records a second).
+        let streams = if cfg.idle {
+            2 * cpus + IDLE_RING_THREADS
+        } else {
+            cpus
+        };
+        ring_bytes_for(cfg.frequency_hz, streams, cfg.stack_bytes)
     } else {
         cfg.ring_bytes
     };

@@ -9,9 +9,12 @@ time it spent in each part, so the split it reports is the truth whatever the ma
 on a lock the main thread holds forever (`blocked_wait`, the line tagged `blocked`). The ready
 file (see harness.py) is written once every thread sits in its function; from then on the
 stats file holds, rewritten atomically every 50 ms, each cycler's cumulative spin and sleep
-seconds, so that a test can take the truth of exactly its recording window.
+seconds and its last cycles as `[start, end of spin, end of sleep]` in `time.monotonic()`
+seconds (CLOCK_MONOTONIC, the clock of pyebpf's sample times), so that a test can take the
+truth of exactly its recording window.
 """
 
+import collections
 import json
 import os
 import sys
@@ -22,7 +25,10 @@ import harness
 
 SPIN_S = 0.040
 SLEEP_S = 0.060
+# The last cycles of each cycler (about 40 s of them).
+CYCLES_KEPT = 400
 TOTALS = {}
+CYCLES = {}
 LOCK = threading.Lock()
 
 
@@ -38,6 +44,7 @@ def sleep_part():  # LINE:def_sleep
 
 def cycle(name):  # LINE:def_cycle
     totals = TOTALS[name]
+    cycles = CYCLES[name]
     while True:
         t0 = time.monotonic()
         spin_part(t0 + SPIN_S)
@@ -46,14 +53,28 @@ def cycle(name):  # LINE:def_cycle
         t2 = time.monotonic()
         totals[0] += t1 - t0
         totals[1] += t2 - t1
+        cycles.append((t0, t1, t2))
 
 
 def blocked_wait():  # LINE:def_blocked
     LOCK.acquire()  # LINE:blocked
 
 
+def snapshot(cycles):
+    """A list of a deque another thread appends to (free-threaded builds may raise while it
+    grows: try again)."""
+    while True:
+        try:
+            return list(cycles)
+        except RuntimeError:
+            pass
+
+
 def write_stats(path):
-    data = {name: {"spin_s": t[0], "sleep_s": t[1]} for name, t in TOTALS.items()}
+    data = {
+        name: {"spin_s": t[0], "sleep_s": t[1], "cycles": snapshot(CYCLES[name])}
+        for name, t in TOTALS.items()
+    }
     data["monotonic"] = time.monotonic()
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -68,6 +89,7 @@ def main():
     cyclers = []
     for name in ("cycler-1", "cycler-2"):
         TOTALS[name] = [0.0, 0.0]
+        CYCLES[name] = collections.deque(maxlen=CYCLES_KEPT)
         cyclers.append(harness.start(threading.Thread(target=cycle, args=(name,), name=name)))
     harness.wait_until_at({blocked: (blocked_wait.__code__, lines["blocked"])})
     # Every cycler has been through a whole cycle (it sits in one of its two parts).
