@@ -46,14 +46,18 @@ pub mod programs {
     /// The same program for kernels without `bpf_loop` (bounded loops); user space loads one
     /// of the two.
     pub const SAMPLE_BOUNDED: &str = "pyebpf_sample_bounded";
-    /// `sched/sched_process_exec` tracepoint.
+    /// `sched_process_exec` raw tracepoint. (Raw tracepoints, not perf-event ones: closing a
+    /// perf-event tracepoint waits for RCU grace periods, 80–100 ms each at the end of a run.)
     pub const EXEC: &str = "pyebpf_exec";
-    /// `sched/sched_process_exit` tracepoint.
+    /// `sched_process_exit` raw tracepoint.
     pub const EXIT: &str = "pyebpf_exit";
-    /// `task/task_newtask` tracepoint: follows children of target pids. (Not
-    /// `sched_process_fork`: that also fires for new threads and its record cannot tell them
-    /// apart; `task_newtask` carries `clone_flags`.)
+    /// `task_newtask` raw tracepoint: follows children of target pids (the child's pid read
+    /// at `Config::task_pid_offset`). (Not `sched_process_fork`: that also fires for new
+    /// threads and cannot tell them apart; `task_newtask` carries `clone_flags`.)
     pub const FORK: &str = "pyebpf_fork";
+    /// The same on the `task/task_newtask` perf-event tracepoint, for kernels without BTF (the
+    /// child's pid from the record at `Config::fork_pid_offset`).
+    pub const FORK_TRACEPOINT: &str = "pyebpf_fork_tracepoint";
     /// `sched_switch` BTF tracepoint (`--idle`): off-CPU captures, kernel ≥ 5.17 (`bpf_loop`).
     pub const SWITCH: &str = "pyebpf_switch";
     /// The same for kernels without `bpf_loop` (bounded loops).
@@ -98,7 +102,7 @@ pub const CLONE_THREAD: u64 = 0x0001_0000;
 pub struct Config {
     /// 1: sample only pids in `TARGET_PIDS`; 0: every process but the idle task.
     pub filter_pids: u32,
-    /// 1: `sched_process_fork` adds children of target pids to `TARGET_PIDS`.
+    /// 1: the fork program (`task_newtask`) adds children of target pids to `TARGET_PIDS`.
     pub follow_children: u32,
     /// 0: no user stack copy; otherwise one of [`STACK_SIZE_CLASSES`].
     pub stack_bytes: u32,

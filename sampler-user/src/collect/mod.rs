@@ -14,10 +14,12 @@
 //! ring-buffer contents (malformed records are counted and skipped); needs root or
 //! CAP_BPF + CAP_PERFMON (checked earlier by `preflight`). CPU hot-plug is not followed: CPUs
 //! that come online after `start` are not sampled.
+mod attach;
 pub mod btf;
 mod counters;
 mod decode;
 mod error;
+mod loader;
 mod offcpu;
 mod python_procs;
 mod targets;
@@ -37,12 +39,8 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf,
     maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{
-        PerfEvent, ProgramError, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
 };
 pub use counters::CounterTotals;
 pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy, decode_record};
@@ -51,8 +49,8 @@ use error::{errno_of, one_line};
 pub use offcpu::{OffCpuMap, Seed};
 pub use python_procs::PythonProcMap;
 use sampler_common::{
-    Config, Counter, KERNEL_STACKS_ENTRIES, OFFCPU_ENTRIES, PyCapture, STACK_SIZE_CLASSES,
-    SampleEvent, TARGET_PIDS_ENTRIES, maps, programs,
+    Config, Counter, PyCapture, STACK_SIZE_CLASSES, SampleEvent, TARGET_PIDS_ENTRIES, maps,
+    programs,
 };
 pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
@@ -206,45 +204,45 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Load the embedded object with `cfg`, fill the targets, attach the tracepoints and a
-    /// CPU-clock perf event on every online CPU.
+    /// Load the embedded object with `cfg`, fill the targets, attach the process-event
+    /// programs and a CPU-clock perf event on every online CPU.
     pub fn start(cfg: &CollectConfig) -> Result<Collector, CollectError> {
         let ring_bytes = validate(cfg)?;
         if OBJECT.is_empty() {
             return Err(CollectError::NotBuilt);
         }
         raise_memlock_limit();
-        let features = KernelFeatures::probe(&crate::preflight::btf_path());
-        let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
-        let switch = cfg
-            .idle
-            .then(|| variant::choose(&variant::SWITCH, &features, &cfg.variant))
-            .transpose()?;
-        let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
-            .into_iter()
-            .collect();
-        let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
-        let config = kernel_config(cfg, ring_bytes, &features, &sampler, switch.as_ref(), fork);
-        let mut ebpf = EbpfLoader::new()
-            .override_global(maps::CONFIG, &config, true)
-            .map_max_entries(maps::EVENTS, ring_bytes)
-            // The 16 MiB stack-trace map is created only for --kernel (it costs ~25 ms to
-            // create and zero); without it the program never looks a stack up.
-            .map_max_entries(
-                maps::KERNEL_STACKS,
-                if cfg.kernel_stacks {
-                    KERNEL_STACKS_ENTRIES
-                } else {
-                    1
-                },
-            )
-            // Preallocated (about 26 MiB with --idle): one entry without it.
-            .map_max_entries(maps::OFFCPU, if cfg.idle { OFFCPU_ENTRIES } else { 1 })
-            .load(OBJECT)
-            .map_err(|e| CollectError::LoadObject {
-                reason: one_line(&e),
-                errno: errno_of(&e),
-            })?;
+        let features = KernelFeatures::probe(&btf::path());
+        let plan = Plan::choose(cfg, &features)?;
+        // The perf-event fallback of the fork program reads its record layout from tracefs.
+        let fork = if plan.fork == Some(programs::FORK_TRACEPOINT) {
+            tracefs::fork_offsets(&tracefs::ensure_mounted()?)
+        } else {
+            tracefs::ForkOffsets::DEFAULT
+        };
+        let config = kernel_config(cfg, ring_bytes, &features, &plan, fork);
+        // aya's own copy of the kernel BTF: only the BTF tracepoints of --idle need one.
+        let aya_btf = match &plan.switch {
+            Some(choice) => Some(
+                Btf::parse_file(btf::path(), aya::Endianness::default()).map_err(|e| {
+                    CollectError::ProgramLoad {
+                        program: choice.variant.program,
+                        reason: format!("kernel BTF: {}", one_line(&e)),
+                        errno: None,
+                        verifier_log: String::new(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let mut ebpf = loader::load(
+            OBJECT,
+            &config,
+            ring_bytes,
+            cfg.kernel_stacks,
+            cfg.idle,
+            aya_btf.as_ref(),
+        )?;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
             Err(err) => {
@@ -252,68 +250,34 @@ impl Collector {
                 None
             }
         };
-
-        let mut targets =
-            targets::TargetPids::new(take_map(&mut ebpf, maps::TARGET_PIDS, HashMap::try_from)?);
-        for &pid in &cfg.pids {
-            targets.add(pid)?;
+        let maps = Maps::take(&mut ebpf, cfg, &features)?;
+        attach::process_events(&mut ebpf, plan.fork)?;
+        let cpus = attach::perf_events(&mut ebpf, plan.sampler.variant.program, cfg.frequency_hz)?;
+        if let (Some(choice), Some(btf)) = (&plan.switch, &aya_btf) {
+            attach::offcpu(&mut ebpf, choice.variant.program, btf)?;
         }
-        let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
-        let mut offcpu_kstacks = None;
-        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, |map| {
-            if cfg.idle && cfg.kernel_stacks {
-                offcpu_kstacks = second_handle(&map);
-            }
-            StackTraceMap::try_from(map)
-        })?;
-        let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
-        let python_procs =
-            PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
-        let offcpu = if cfg.idle {
-            Some(OffCpuMap::new(
-                take_map(&mut ebpf, maps::OFFCPU, HashMap::try_from)?,
-                offcpu_period_ns(cfg.frequency_hz),
-                offcpu_kstacks,
-            ))
-        } else {
-            None
-        };
-
-        for (program, name) in [
-            (programs::EXEC, "sched_process_exec"),
-            (programs::EXIT, "sched_process_exit"),
-        ] {
-            attach_tracepoint(&mut ebpf, program, "sched", name)?;
-        }
-        attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
-        let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
-        if let Some(choice) = &switch {
-            attach_offcpu(&mut ebpf, choice.variant.program)?;
-        }
-
-        Ok(Collector {
+        drop(aya_btf);
+        let mut c = Collector {
             ebpf,
-            events,
-            kstacks,
-            counters,
-            targets,
-            python_procs: Some(python_procs),
-            offcpu,
-            switch,
+            events: maps.events,
+            kstacks: maps.kstacks,
+            counters: maps.counters,
+            targets: maps.targets,
+            python_procs: Some(maps.python_procs),
+            offcpu: maps.offcpu,
+            switch: plan.switch,
             cpus,
             ring_bytes,
             malformed: 0,
             stats,
-            sampler,
-            notes,
+            sampler: plan.sampler,
+            notes: plan.notes,
             sizes: None,
             switch_sizes: None,
-        })
-        .map(|mut c| {
-            c.sizes = c.program_stats();
-            c.switch_sizes = c.offcpu_program_stats();
-            c
-        })
+        };
+        c.sizes = c.program_stats();
+        c.switch_sizes = c.offcpu_program_stats();
+        Ok(c)
     }
 
     /// Sample `pid` too (e.g. a command spawned after `start`).
@@ -512,15 +476,104 @@ impl Collector {
     }
 }
 
+/// Which variant of each program this run loads, and what the kernel costs it.
+struct Plan {
+    sampler: Choice,
+    /// The off-CPU program (`--idle`).
+    switch: Option<Choice>,
+    /// The child-following program, when children are followed.
+    fork: Option<&'static str>,
+    notes: Vec<String>,
+}
+
+impl Plan {
+    fn choose(cfg: &CollectConfig, features: &KernelFeatures) -> Result<Plan, CollectError> {
+        let sampler = variant::choose(&variant::SAMPLER, features, &cfg.variant)?;
+        let switch = cfg
+            .idle
+            .then(|| variant::choose(&variant::SWITCH, features, &cfg.variant))
+            .transpose()?;
+        // PYEBPF_SAMPLE_VARIANT names the sampler's variants, not these.
+        let fork = cfg
+            .follow_children
+            .then(|| variant::choose(&variant::FOLLOW, features, &VariantChoice::Auto))
+            .transpose()?
+            .map(|c| c.variant.program);
+        let notes = variant::degraded_note(&sampler, features, cfg.stack_bytes)
+            .into_iter()
+            .collect();
+        Ok(Plan {
+            sampler,
+            switch,
+            fork,
+            notes,
+        })
+    }
+}
+
+/// The maps user space keeps handles on, taken out of the loaded object.
+struct Maps {
+    events: RingBuf<MapData>,
+    kstacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    targets: targets::TargetPids,
+    python_procs: PythonProcMap,
+    offcpu: Option<OffCpuMap>,
+}
+
+impl Maps {
+    fn take(
+        ebpf: &mut Ebpf,
+        cfg: &CollectConfig,
+        features: &KernelFeatures,
+    ) -> Result<Maps, CollectError> {
+        let mut targets =
+            targets::TargetPids::new(take_map(ebpf, maps::TARGET_PIDS, HashMap::try_from)?);
+        for &pid in &cfg.pids {
+            targets.add(pid)?;
+        }
+        let events = take_map(ebpf, maps::EVENTS, RingBuf::try_from)?;
+        let mut offcpu_kstacks = None;
+        let kstacks = take_map(ebpf, maps::KERNEL_STACKS, |map| {
+            if cfg.idle && cfg.kernel_stacks {
+                offcpu_kstacks = second_handle(&map);
+            }
+            StackTraceMap::try_from(map)
+        })?;
+        let counters = take_map(ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
+        let python_procs = PythonProcMap::new(
+            take_map(ebpf, maps::PY_PROCS, HashMap::try_from)?,
+            features.task_fsbase_offset,
+        );
+        let offcpu = if cfg.idle {
+            Some(OffCpuMap::new(
+                take_map(ebpf, maps::OFFCPU, HashMap::try_from)?,
+                offcpu_period_ns(cfg.frequency_hz),
+                offcpu_kstacks,
+            ))
+        } else {
+            None
+        };
+        Ok(Maps {
+            events,
+            kstacks,
+            counters,
+            targets,
+            python_procs,
+            offcpu,
+        })
+    }
+}
+
 /// The `CONFIG` the programs are loaded with.
 fn kernel_config(
     cfg: &CollectConfig,
     ring_bytes: u32,
     features: &KernelFeatures,
-    sampler: &Choice,
-    switch: Option<&Choice>,
+    plan: &Plan,
     fork: tracefs::ForkOffsets,
 ) -> Config {
+    let (sampler, switch) = (&plan.sampler, plan.switch.as_ref());
     Config {
         filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
         follow_children: u32::from(cfg.follow_children),
@@ -667,125 +720,6 @@ fn take_map<T>(
         map: name,
         reason: one_line(&e),
     })
-}
-
-/// Translate a program load failure, keeping the verifier log out of the message.
-fn load_error(program: &'static str, err: ProgramError) -> CollectError {
-    match err {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => CollectError::ProgramLoad {
-            program,
-            reason: io_error.to_string(),
-            errno: io_error.raw_os_error(),
-            verifier_log: verifier_log.to_string(),
-        },
-        other => CollectError::ProgramLoad {
-            program,
-            reason: one_line(&other),
-            errno: errno_of(&other),
-            verifier_log: String::new(),
-        },
-    }
-}
-
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    category: &'static str,
-    name: &'static str,
-) -> Result<(), CollectError> {
-    let missing = CollectError::MissingInObject {
-        kind: "program",
-        name: program,
-    };
-    let tp: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or(missing)?
-        .try_into()
-        .map_err(|e| load_error(program, e))?;
-    tp.load().map_err(|e| load_error(program, e))?;
-    tp.attach(category, name)
-        .map_err(|e| CollectError::AttachTracepoint {
-            category,
-            name,
-            reason: one_line(&e),
-            errno: errno_of(&e),
-        })?;
-    Ok(())
-}
-
-/// Load and attach the off-CPU programs: `program` (the chosen `sched_switch` variant) and
-/// `pyebpf_wakeup`, BTF tracepoints typed against the kernel's own BTF.
-fn attach_offcpu(ebpf: &mut Ebpf, program: &'static str) -> Result<(), CollectError> {
-    let btf = aya::Btf::parse_file(crate::preflight::btf_path(), aya::Endianness::default())
-        .map_err(|e| CollectError::ProgramLoad {
-            program,
-            reason: format!("kernel BTF: {}", one_line(&e)),
-            errno: None,
-            verifier_log: String::new(),
-        })?;
-    for (name, tracepoint) in [
-        (program, "sched_switch"),
-        (programs::WAKEUP, "sched_wakeup"),
-    ] {
-        let missing = CollectError::MissingInObject {
-            kind: "program",
-            name,
-        };
-        let tp: &mut aya::programs::BtfTracePoint = ebpf
-            .program_mut(name)
-            .ok_or(missing)?
-            .try_into()
-            .map_err(|e| load_error(name, e))?;
-        tp.load(tracepoint, &btf).map_err(|e| load_error(name, e))?;
-        tp.attach().map_err(|e| CollectError::AttachTracepoint {
-            category: "tp_btf",
-            name: tracepoint,
-            reason: one_line(&e),
-            errno: errno_of(&e),
-        })?;
-    }
-    Ok(())
-}
-
-/// Load the sampling program `program` (the chosen variant) and attach it to a CPU-clock event
-/// on every online CPU.
-fn attach_perf_events(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    frequency_hz: u64,
-) -> Result<usize, CollectError> {
-    const ONLINE: &str = "/sys/devices/system/cpu/online";
-    let missing = CollectError::MissingInObject {
-        kind: "program",
-        name: program,
-    };
-    let perf: &mut PerfEvent = ebpf
-        .program_mut(program)
-        .ok_or(missing)?
-        .try_into()
-        .map_err(|e| load_error(program, e))?;
-    perf.load().map_err(|e| load_error(program, e))?;
-    let cpus = aya::util::online_cpus().map_err(|(_, source)| CollectError::OnlineCpus {
-        path: ONLINE,
-        source,
-    })?;
-    for &cpu in &cpus {
-        perf.attach(
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            PerfEventScope::AllProcessesOneCpu { cpu },
-            SamplePolicy::Frequency(frequency_hz),
-            false,
-        )
-        .map_err(|e| CollectError::AttachPerf {
-            cpu,
-            reason: one_line(&e),
-            errno: errno_of(&e),
-        })?;
-    }
-    Ok(cpus.len())
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ fn offcpu_program_loads_in_every_supported_variant() {
     let _guard = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let features = super::KernelFeatures::probe(&crate::preflight::btf_path());
+    let features = super::KernelFeatures::probe(&super::btf::path());
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
     let version: (u32, u32) = (

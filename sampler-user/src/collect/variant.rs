@@ -132,6 +132,28 @@ pub const SWITCH: Program = Program {
     ],
 };
 
+/// The program that follows children of targets (`-s`, `-- COMMAND`): the `task_newtask` raw
+/// tracepoint where the kernel BTF gives `task_struct.pid`, else the perf-event tracepoint
+/// (whose detach waits for RCU grace periods: about 100 ms more at the end of a run).
+pub const FOLLOW: Program = Program {
+    role: "child-following program",
+    needs: &[Feature::RingBuf, Feature::ProbeRead],
+    variants: &[
+        Variant {
+            program: programs::FORK,
+            name: "raw_tracepoint",
+            needs: &[Feature::KernelBtf],
+            task_stack: false,
+        },
+        Variant {
+            program: programs::FORK_TRACEPOINT,
+            name: "tracepoint",
+            needs: &[],
+            task_stack: false,
+        },
+    ],
+};
+
 /// How the variant is picked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum VariantChoice {
@@ -187,11 +209,14 @@ pub struct KernelFeatures {
     /// `sched_switch` passes `prev_state` (5.18+: its BTF prototype has 5 parameters with
     /// the tracepoint's `__data`).
     pub switch_prev_state: bool,
+    /// `task_struct.thread.fsbase`'s byte offset (the ≤ 3.10 Python thread match).
+    pub task_fsbase_offset: Option<u32>,
 }
 
 impl KernelFeatures {
-    /// Probe the running kernel. `btf_path` is the kernel BTF to read (`preflight` decides
-    /// which; end-to-end tests fake a missing one).
+    /// Probe the running kernel. `btf_path` is the kernel BTF to read ([`btf::path`]:
+    /// end-to-end tests fake a missing one): read once here for every offset the run needs,
+    /// and dropped on return.
     pub fn probe(btf_path: &std::path::Path) -> KernelFeatures {
         let perf = ProgramType::PerfEvent;
         let helper = |h: BpfHelper| {
@@ -248,6 +273,7 @@ impl KernelFeatures {
                 .as_ref()
                 .and_then(|t| t.typedef_fn_params("btf_trace_sched_switch"))
                 .is_some_and(|n| n >= 5),
+            task_fsbase_offset: member(&["thread", "fsbase"]),
         }
     }
 

@@ -5,7 +5,6 @@
 use serde_json::Value;
 
 use super::{ReportOptions, render};
-use crate::output::Renderer as _;
 use crate::profile::{Frame, FrameKind, GilState, Profile, RunMeta, Sample, ThreadState};
 
 /// Adds one sample of `tid` (pid 10, `app`) with `frames` (Python `name (/a.py:1)`, then the
@@ -217,7 +216,7 @@ fn outputs_count_weights_and_show_the_state_frame() {
 fn saved_wall_clock_runs_are_version_3_and_round_trip() {
     let p = wall_profile();
     let mut bytes = Vec::new();
-    crate::saved::Saved.render(&p, &mut bytes).unwrap();
+    crate::saved::writer::write_profile(&p, &mut bytes).unwrap();
     assert_eq!(&bytes[8..12], &3u32.to_le_bytes(), "format version 3");
     let back = crate::saved::load_from(&bytes[..]).unwrap().profile;
     assert_eq!(back.samples(), p.samples());
@@ -237,7 +236,7 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
         (ThreadState::OnCpu, GilState::Unknown, 1),
     );
     let mut bytes = Vec::new();
-    crate::saved::Saved.render(&plain, &mut bytes).unwrap();
+    crate::saved::writer::write_profile(&plain, &mut bytes).unwrap();
     assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
     // A weighted sample cannot be written into a plain (version 2) file.
     let mut bad = Profile::new(RunMeta::default());
@@ -248,7 +247,7 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
         Some("[off-CPU: runnable]"),
         (ThreadState::Runnable, GilState::Unknown, 2),
     );
-    assert!(crate::saved::Saved.render(&bad, &mut Vec::new()).is_err());
+    assert!(crate::saved::writer::write_profile(&bad, &mut Vec::new()).is_err());
 }
 
 #[test]

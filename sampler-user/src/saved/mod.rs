@@ -1,8 +1,8 @@
 //! The saved profile (`.pyebpf`): every sample of a run with its metadata, to render any
 //! output or `report` from later.
 //!
-//! Owns: the file format: writing ([`SavedWriter`], streamed during a run; [`Saved`] for a whole
-//! profile), reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded
+//! Owns: the file format: writing ([`SavedWriter`], streamed during a run;
+//! [`writer::write_profile`] for a whole profile, which `output` renders as `-f pyebpf`), reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded
 //! profile is the saved one: same frames, stacks and ids, same samples in the same order, same
 //! metadata, so every output renders identically from either.
 //!
@@ -30,11 +30,10 @@ pub mod schema;
 mod tests;
 pub mod writer;
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::output::Renderer;
-use crate::profile::{FrameKind, GilState, Profile, ThreadState};
+use crate::profile::{FrameKind, GilState, ThreadState};
 
 pub use reader::{Loaded, load_from};
 pub use writer::SavedWriter;
@@ -106,15 +105,6 @@ pub struct LoadError {
     /// Why.
     #[source]
     pub error: FormatError,
-}
-
-/// Writer of a whole profile in the saved format (`report -f pyebpf`).
-pub struct Saved;
-
-impl Renderer for Saved {
-    fn render(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
-        writer::write_profile(profile, out)
-    }
 }
 
 /// Reads a saved profile from a file.

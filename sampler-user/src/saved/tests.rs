@@ -132,7 +132,7 @@ fn rich_profile() -> Profile {
 
 fn save(p: &Profile) -> Vec<u8> {
     let mut buf = Vec::new();
-    Saved.render(p, &mut buf).unwrap();
+    writer::write_profile(p, &mut buf).unwrap();
     buf
 }
 
