@@ -199,6 +199,7 @@ fn start(
 impl Running {
     fn finish(mut self) -> Result<Outcome> {
         let status = self.child.wait()?;
+        // Wall time until libFuzzer says how long it fuzzed (a crash ends it early).
         let mut o = Outcome {
             target: self.target.clone(),
             secs: self.started.elapsed().as_secs_f64(),
@@ -233,6 +234,16 @@ impl Running {
 fn parse_line(line: &str, o: &mut Outcome) {
     if let Some(v) = line.strip_prefix("stat::number_of_executed_units:") {
         o.execs = v.trim().parse().unwrap_or(o.execs);
+    }
+    // "Done 662533 runs in 631 second(s)": the fuzzing time, without the build before it.
+    if let Some(rest) = line.strip_prefix("Done ")
+        && let Some(secs) = rest.split(" in ").nth(1)
+    {
+        o.secs = secs
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(o.secs);
     }
     if !line.starts_with('#') {
         return;
@@ -291,5 +302,7 @@ mod tests {
         );
         parse_line("INFO: Seed: 1234", &mut o);
         assert_eq!(o.cov, 2079);
+        parse_line("Done 207070 runs in 31 second(s)", &mut o);
+        assert!((o.secs - 31.0).abs() < 1e-9);
     }
 }

@@ -153,7 +153,10 @@ fn seeds_of(name: &'static str) {
         "{name}: every thread six frames deep with locals"
     );
     let bytes = snapshot.encode();
-    let mut again = Snapshot::decode(&bytes).unwrap().attach().unwrap();
+    let mut again = Snapshot::decode(&bytes)
+        .unwrap()
+        .attach()
+        .unwrap_or_else(|e| panic!("{name}: attach to the snapshot: {e}"));
     again.set_limits(limits);
     assert_eq!(frames(&again.threads().unwrap()), frames(&live), "{name}");
     let mut seed = vec![2u8];

@@ -239,8 +239,8 @@ impl Snapshot {
         m
     }
 
-    /// Where `detect` would have placed the runtime. Each call gets a file identity of its own,
-    /// so the per-file layout cache never hands one snapshot's layout to another.
+    /// Where `detect` would have placed the runtime (with a file identity of its own; snapshots
+    /// never use the per-file layout cache).
     fn detected(&self) -> Detected {
         static NEXT_INODE: AtomicU64 = AtomicU64::new(1);
         let mapping = Mapping {
@@ -289,6 +289,7 @@ impl Snapshot {
             Source::Image {
                 threads: self.threads.clone(),
             },
+            false,
         )
     }
 
@@ -341,7 +342,8 @@ impl Snapshot {
             Source::Image { threads } => Some(threads.clone()),
             Source::Live => None,
         };
-        let mut proc = PythonProcess::choose(pid, candidates, Box::new(mem), source)?;
+        // Uncached: the layout is read from (and recorded with) this memory.
+        let mut proc = PythonProcess::choose(pid, candidates, Box::new(mem), source, false)?;
         proc.set_limits(limits);
         let threads = proc.threads()?;
         proc.gil_enabled()?;
