@@ -99,11 +99,18 @@ pub struct Config {
     pub fork_pid_offset: u32,
     /// Byte offset of the 8-byte `clone_flags` in the `task_newtask` record.
     pub fork_flags_offset: u32,
+    /// Samples are submitted without waking user space (`BPF_RB_NO_WAKEUP`) until this many
+    /// bytes wait in `EVENTS` (then `BPF_RB_FORCE_WAKEUP`): user space wakes per batch, and
+    /// drains at least every flush interval on its own. 0: the kernel's default (a wake-up for
+    /// each record that finds user space caught up).
+    pub wakeup_bytes: u32,
     /// Byte offset of `stack` in the kernel's `task_struct` (from its BTF), for the
     /// `pyebpf_sample_bounded` variant; 0 when unknown.
     pub task_stack_offset: u32,
+    /// Explicit padding to a multiple of 8 bytes.
+    pub pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32);
+const _: () = assert!(core::mem::size_of::<Config>() == 40);
 
 /// Maximum Python frames captured per sample; deeper stacks are marked truncated.
 pub const PY_MAX_FRAMES: usize = 256;
@@ -605,9 +612,11 @@ mod tests {
             self_pid: 77,
             fork_pid_offset: FORK_PID_OFFSET_DEFAULT,
             fork_flags_offset: FORK_FLAGS_OFFSET_DEFAULT,
+            wakeup_bytes: 1 << 20,
             task_stack_offset: 40,
+            pad: 0,
         };
-        assert_eq!(encode(&cfg).len(), 32);
+        assert_eq!(encode(&cfg).len(), 40);
         assert_eq!(decode::<Config>(encode(&cfg)), Some(cfg));
     }
 

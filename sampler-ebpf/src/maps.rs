@@ -81,7 +81,9 @@ static CONFIG: Global<Config> = Global::new(Config {
     self_pid: 0,
     fork_pid_offset: sampler_common::FORK_PID_OFFSET_DEFAULT,
     fork_flags_offset: sampler_common::FORK_FLAGS_OFFSET_DEFAULT,
+    wakeup_bytes: 0,
     task_stack_offset: 0,
+    pad: 0,
 });
 
 /// The load-time configuration.

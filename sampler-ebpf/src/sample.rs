@@ -17,6 +17,7 @@
 use core::{ffi::c_void, ptr::addr_of_mut};
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, generated},
     macros::perf_event,
     programs::{PerfEventContext, tracing::StackIdContext as _},
@@ -229,8 +230,23 @@ fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counte
     fill_stack::<N>(event, unsafe { addr_of_mut!((*record).stack) }.cast::<u8>());
     // SAFETY: as above; the header is written last so it reports the final lengths.
     unsafe { addr_of_mut!((*record).event).write(*event) };
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     Ok(())
+}
+
+/// Submit flags of a sample: no wake-up of user space until `CONFIG.wakeup_bytes` wait in the
+/// ring (then a forced one), so user space wakes per batch, not per sample; it also drains on
+/// its own at least every flush interval, which bounds the latency of a quiet ring.
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    let threshold = u64::from(config().wakeup_bytes);
+    if threshold == 0 {
+        0
+    } else if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) >= threshold {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
 }
 
 /// Emit `event`, up to `N` bytes of user stack and the Python capture of the sampled thread.
@@ -253,7 +269,7 @@ fn emit_with_python<V: Variant, const N: usize>(
     event.py_cap = size_of::<PyCapture>() as u32;
     // SAFETY: as above; the header is written last so it reports the final lengths.
     unsafe { addr_of_mut!((*record).event).write(*event) };
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     Ok(())
 }
 

@@ -59,6 +59,8 @@ pub struct RecordRequest {
     pub subprocesses: bool,
     /// `--stack-size` in bytes.
     pub stack_bytes: Option<u32>,
+    /// `--ring-size` in bytes (`None`: sized for the rate).
+    pub ring_bytes: Option<u64>,
     /// `--as-root`: run the command as root under `sudo` (default: as the invoking user).
     pub command_as_root: bool,
     /// Show a progress line (stderr is a terminal and not `--quiet`).
@@ -90,6 +92,9 @@ pub struct SessionConfig {
     pub subprocesses: bool,
     /// User-stack bytes copied per sample (0 without `--native`).
     pub stack_bytes: u32,
+    /// Ring-buffer size in bytes (`--ring-size`); 0: sized for the rate, the CPUs and the
+    /// stack copy (`collect::ring_bytes_for`).
+    pub ring_bytes: u32,
     /// Who runs `-- COMMAND` (`None`: pyebpf's own user).
     pub run_as: Option<RunAs>,
 }
@@ -146,6 +151,19 @@ pub enum ConfigError {
     BadStackSize {
         /// The size asked for.
         bytes: u32,
+    },
+    /// `--ring-size` not a power of two in range.
+    #[error(
+        "invalid --ring-size {bytes}: use a power of two from {min} to {max} bytes for this \
+         stack size",
+        min = crate::collect::min_ring_bytes(*stack_bytes),
+        max = crate::collect::MAX_RING_BYTES
+    )]
+    BadRingSize {
+        /// The size asked for.
+        bytes: u64,
+        /// The stack copy it must hold four of.
+        stack_bytes: u32,
     },
     /// Unknown `-f` value.
     #[error("unknown format '{name}': use flamegraph, collapsed, speedscope, pprof or pyebpf")]
@@ -275,6 +293,18 @@ impl RecordConfig {
             .filter(|_| want > 0)
             .ok_or(ConfigError::BadStackSize { bytes: want })?;
         let stack_bytes = if req.native { class } else { 0 };
+        let ring_bytes = match req.ring_bytes {
+            None => 0,
+            Some(bytes) => u32::try_from(bytes)
+                .ok()
+                .filter(|b| {
+                    b.is_power_of_two()
+                        && (crate::collect::min_ring_bytes(stack_bytes)
+                            ..=crate::collect::MAX_RING_BYTES)
+                            .contains(b)
+                })
+                .ok_or(ConfigError::BadRingSize { bytes, stack_bytes })?,
+        };
         let outputs = outputs(std::mem::take(&mut req.outputs), req.format.as_deref(), now)?;
         let run_as = match &target {
             Target::Command(_) if !req.command_as_root => RunAs::sudo_user(),
@@ -291,6 +321,7 @@ impl RecordConfig {
                 gil: req.gil,
                 subprocesses: req.subprocesses,
                 stack_bytes,
+                ring_bytes,
                 run_as,
             },
             outputs,

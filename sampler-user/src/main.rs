@@ -83,6 +83,10 @@ struct RecordArgs {
     /// Bytes of user stack copied per sample with --native (rounded up to 8, 16, 32 or 64 KiB).
     #[arg(long = "stack-size", value_name = "BYTES")]
     stack_size: Option<u32>,
+    /// Ring-buffer size in bytes, a power of two (default: a second of samples at the rate,
+    /// on every CPU, with the stack copy; at most 32 MiB).
+    #[arg(long = "ring-size", value_name = "BYTES")]
+    ring_size: Option<u64>,
     /// No progress line.
     #[arg(short = 'q', long)]
     quiet: bool,
@@ -284,6 +288,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         gil: a.gil,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
+        ring_bytes: a.ring_size,
         command_as_root: a.as_root,
         progress: !a.quiet && std::io::stderr().is_terminal(),
     };

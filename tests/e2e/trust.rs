@@ -780,3 +780,67 @@ fn issue15_p_ends_when_its_targets_exit() {
     assert!(text(&o.stderr).contains("Wrote collapsed stacks"));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Crafted saved files (huge counts, deep stacks, decompression bombs, long names in deep unique
+/// stacks; format 2 and 1): `report`, `script` and `report -o` refuse each in one line, within
+/// 1 GiB of address space and a few seconds, printing nothing and writing no file.
+#[test]
+fn issue15_crafted_saved_files_are_refused_within_bounds() {
+    if !require_root() {
+        return;
+    }
+    let d = private_dir("crafted");
+    let o = Command::new("python3")
+        .arg(crate::common::workload("crafted_saved.py"))
+        .arg(&d)
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let files: Vec<PathBuf> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 6, "{files:?}");
+    let out = d.join("out.svg");
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            std::fs::metadata(f).unwrap().len() < 400_000,
+            "{name} is not small"
+        );
+        for args in [
+            vec!["report", f.to_str().unwrap()],
+            vec!["script", f.to_str().unwrap()],
+            vec!["report", f.to_str().unwrap(), "-o", out.to_str().unwrap()],
+        ] {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--as={}", 1u64 << 30))
+                .arg("--")
+                .arg(crate::common::pyebpf_bin())
+                .args(&args)
+                .stdin(Stdio::null());
+            let t0 = Instant::now();
+            let o = run_within(&mut c, Duration::from_mins(1));
+            let err = text(&o.stderr);
+            let what = format!("{args:?}");
+            assert_eq!(o.status.code(), Some(1), "{what}: {err}");
+            assert_eq!(err.lines().count(), 1, "{what}: {err}");
+            assert!(
+                err.contains(&format!("{name}: truncated or corrupt: ")),
+                "{what}: {err}"
+            );
+            assert!(
+                o.stdout.is_empty(),
+                "{what}: printed {} bytes",
+                o.stdout.len()
+            );
+            assert!(!out.exists(), "{what}: wrote {}", out.display());
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{what}: {:?}",
+                t0.elapsed()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

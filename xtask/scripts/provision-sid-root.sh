@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # provision-sid-root.sh - a Debian sid root filesystem holding Debian's CPython
 # 3.14 and 3.15 binaries, for profiler tests that look at a "containerised"
-# interpreter from the host (chroot / unshare+pivot_root into $ROOT).
+# interpreter from the host (chroot / unshare+pivot_root into $ROOT). The same
+# script makes the Debian 11 root of the 3.9 tests: SUITE=bullseye VERSIONS=3.9
+# VERIFY=0 ROOT=$CACHE/roots/bullseye (logs and timings are named after $SUITE).
 #
 # Driven by `cargo xtask setup --interpreters` (and `cargo xtask test`); ported
 # from the team's verified recipe; can still be run by hand. Waits (does not

@@ -71,6 +71,10 @@ enum Cmd {
         /// Interleaved runs per configuration (at least 5).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Only these figures (comma list of 1-7; figure 2 comes with 1): printed, and
+        /// docs/benchmarks.md is left alone.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<u8>,
     },
     /// Regenerate `sampler-user/src/python/printable_table.rs` (which characters CPython's
     /// `repr()` prints unescaped, per Unicode version) by asking real interpreters.
@@ -157,7 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             vm::run(&vm::parse_kernels(&kernel)?, accel, jobs)
         }
-        Cmd::Bench { quick, runs } => bench::run(&bench::Options { quick, runs }),
+        Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
     }
 }

@@ -44,9 +44,48 @@ pub use error::CollectError;
 use error::{errno_of, one_line};
 pub use python_procs::PythonProcMap;
 use sampler_common::{
-    Config, Counter, DEFAULT_RING_BYTES, STACK_SIZE_CLASSES, TARGET_PIDS_ENTRIES, maps, programs,
+    Config, Counter, KERNEL_STACKS_ENTRIES, PyCapture, STACK_SIZE_CLASSES, SampleEvent,
+    TARGET_PIDS_ENTRIES, maps, programs,
 };
 pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
+
+/// Seconds of samples the ring buffer holds at the configured rate when nothing drains it
+/// (the drain thread only decodes and hands batches on, so this covers it waiting for a CPU
+/// on a loaded host).
+pub const RING_SECONDS: f64 = 1.0;
+/// Largest ring buffer accepted (`--ring-size`).
+pub const MAX_RING_BYTES: u32 = 256 << 20;
+/// Largest ring buffer sized automatically: half a second at 10 000 samples/s (Python samples
+/// reserve ~6 KiB each); the ring's pages are mapped twice into our memory, so more would cost
+/// RSS for little.
+pub const MAX_AUTO_RING_BYTES: u32 = 32 << 20;
+/// Smallest ring buffer accepted.
+pub const MIN_RING_BYTES: u32 = 64 << 10;
+
+/// Bytes one sample can take in `EVENTS`: the ring's record header, the event, the stack copy
+/// and a Python capture (reserved whole, whatever the depth).
+pub fn record_bytes(stack_bytes: u32) -> u64 {
+    8 + (size_of::<SampleEvent>() + size_of::<PyCapture>()) as u64 + u64::from(stack_bytes)
+}
+
+/// The ring-buffer size for `rate_hz` samples per second on each of `cpus` CPUs with
+/// `stack_bytes` of stack copied per sample: [`RING_SECONDS`] of samples, rounded up to a power
+/// of two, between the smallest size that holds four records and [`MAX_AUTO_RING_BYTES`].
+pub fn ring_bytes_for(rate_hz: u64, cpus: usize, stack_bytes: u32) -> u32 {
+    let record = record_bytes(stack_bytes);
+    let want = (rate_hz as f64 * cpus.max(1) as f64 * record as f64 * RING_SECONDS) as u64;
+    let min = min_ring_bytes(stack_bytes);
+    u32::try_from(want.max(u64::from(min)).next_power_of_two())
+        .unwrap_or(MAX_RING_BYTES)
+        .clamp(min, MAX_AUTO_RING_BYTES.max(min))
+}
+
+/// The smallest ring that holds four maximal records (and at least [`MIN_RING_BYTES`]).
+pub fn min_ring_bytes(stack_bytes: u32) -> u32 {
+    u32::try_from((4 * record_bytes(stack_bytes)).next_power_of_two())
+        .unwrap_or(u32::MAX)
+        .max(MIN_RING_BYTES)
+}
 
 /// The eBPF object built by `build.rs` (empty when built with `PYEBPF_SKIP_EBPF=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pyebpf-sampler"));
@@ -68,7 +107,8 @@ pub struct CollectConfig {
     pub stack_bytes: u32,
     /// Record kernel stacks.
     pub kernel_stacks: bool,
-    /// Ring-buffer size: a power of two, at least 64 KiB and 4 maximal records; 0 = default.
+    /// Ring-buffer size: a power of two, at least 64 KiB and 4 maximal records; 0: sized for
+    /// the rate ([`ring_bytes_for`]).
     pub ring_bytes: u32,
     /// The profiler's own pid, never sampled (0: none).
     pub self_pid: u32,
@@ -85,7 +125,7 @@ impl Default for CollectConfig {
             follow_children: false,
             stack_bytes: sampler_common::DEFAULT_STACK_BYTES,
             kernel_stacks: false,
-            ring_bytes: DEFAULT_RING_BYTES,
+            ring_bytes: 0,
             self_pid: std::process::id(),
             variant: VariantChoice::Auto,
         }
@@ -165,15 +205,28 @@ impl Collector {
             self_pid: cfg.self_pid,
             fork_pid_offset: fork.pid,
             fork_flags_offset: fork.clone_flags,
+            // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
+            wakeup_bytes: ring_bytes / 8,
             task_stack_offset: if sampler.variant.task_stack {
                 features.task_stack_offset.unwrap_or(0)
             } else {
                 0
             },
+            pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .override_global(maps::CONFIG, &config, true)
             .map_max_entries(maps::EVENTS, ring_bytes)
+            // The 16 MiB stack-trace map is created only for --kernel (it costs ~25 ms to
+            // create and zero); without it the program never looks a stack up.
+            .map_max_entries(
+                maps::KERNEL_STACKS,
+                if cfg.kernel_stacks {
+                    KERNEL_STACKS_ENTRIES
+                } else {
+                    1
+                },
+            )
             .load(OBJECT)
             .map_err(|e| CollectError::LoadObject {
                 reason: one_line(&e),
@@ -242,22 +295,32 @@ impl Collector {
         })
     }
 
-    /// Wait up to `timeout` for events, then hand every available one to `f` (bounded by one
-    /// ring's worth of bytes per call). Returns how many events were delivered. An interrupted
-    /// wait (EINTR, e.g. Ctrl-C) returns early without error.
+    /// Wait up to `timeout` for events (or until `wake` is readable), then hand every
+    /// available one to `f` (bounded by one ring's worth of bytes per call). Returns how many
+    /// events were delivered. An interrupted wait (EINTR, e.g. Ctrl-C) returns early without
+    /// error. The kernel wakes the wait per batch (see `Config::wakeup_bytes`), so `timeout` is
+    /// the longest a sample waits in a quiet ring.
     pub fn poll(
         &mut self,
         timeout: Duration,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
         mut f: impl FnMut(Event),
     ) -> Result<usize, CollectError> {
-        let mut fd = libc::pollfd {
-            fd: self.events.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut fds = [
+            libc::pollfd {
+                fd: self.events.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.map_or(-1, |w| w.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         let millis = i32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd for the duration of the call.
-        if unsafe { libc::poll(&raw mut fd, 1, millis) } < 0 {
+        // SAFETY: two valid pollfds (a negative fd is ignored) for the duration of the call.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, millis) } < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::Interrupted {
                 return Err(CollectError::Poll { source: err });
@@ -363,6 +426,11 @@ impl Collector {
     pub fn online_cpus(&self) -> usize {
         self.cpus
     }
+
+    /// Size of the ring buffer in bytes.
+    pub fn ring_bytes(&self) -> u32 {
+        self.ring_bytes
+    }
 }
 
 /// Check `cfg` against what the kernel side accepts; returns the ring size to use.
@@ -392,15 +460,12 @@ fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
         );
     }
     let ring = if cfg.ring_bytes == 0 {
-        DEFAULT_RING_BYTES
+        let cpus = aya::util::online_cpus().map_or(1, |c| c.len());
+        ring_bytes_for(cfg.frequency_hz, cpus, cfg.stack_bytes)
     } else {
         cfg.ring_bytes
     };
-    // The largest record: a Python process's sample with a stack copy.
-    let record = (size_of::<sampler_common::SampleEvent>() + size_of::<sampler_common::PyCapture>())
-        as u32
-        + cfg.stack_bytes;
-    let min = (4 * record).next_power_of_two().max(64 << 10);
+    let min = min_ring_bytes(cfg.stack_bytes);
     if !ring.is_power_of_two() || ring < min {
         return invalid(
             "ring buffer size",
@@ -565,7 +630,8 @@ mod tests {
 
     #[test]
     fn default_config_is_valid() {
-        assert_eq!(validate(&cfg()).unwrap(), DEFAULT_RING_BYTES);
+        let ring = validate(&cfg()).unwrap();
+        assert!(ring.is_power_of_two() && ring >= MIN_RING_BYTES, "{ring}");
     }
 
     #[test]
@@ -607,6 +673,34 @@ mod tests {
                 validate(&CollectConfig {
                     stack_bytes: class,
                     ring_bytes: 0,
+                    ..cfg()
+                })
+                .is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn ring_follows_rate_cpus_and_stack_size() {
+        // 99 Hz on 2 CPUs without a stack copy: ~1.2 MiB of samples per second.
+        let low = ring_bytes_for(99, 2, 0);
+        assert_eq!(low, 2 << 20, "{low}");
+        // 10 000 samples/s in total: a second would be 64 MiB; the automatic size stops at 32.
+        assert_eq!(ring_bytes_for(5000, 2, 0), MAX_AUTO_RING_BYTES);
+        // --native at 99 Hz: the stack copy dominates.
+        assert!(ring_bytes_for(99, 2, 32 << 10) > low);
+        // Bounds: four records at least, MAX_AUTO_RING_BYTES at most.
+        assert_eq!(ring_bytes_for(1, 1, 64 << 10), min_ring_bytes(64 << 10));
+        assert!(u64::from(min_ring_bytes(64 << 10)) >= 4 * record_bytes(64 << 10));
+        assert_eq!(ring_bytes_for(10_000, 512, 64 << 10), MAX_AUTO_RING_BYTES);
+        for (rate, cpus, stack) in [(99, 2, 0), (5000, 2, 0), (99, 64, 65536)] {
+            let r = ring_bytes_for(rate, cpus, stack);
+            assert!(r.is_power_of_two());
+            assert!(
+                validate(&CollectConfig {
+                    frequency_hz: rate,
+                    stack_bytes: stack,
+                    ring_bytes: r,
                     ..cfg()
                 })
                 .is_ok()

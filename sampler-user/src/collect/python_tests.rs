@@ -279,7 +279,7 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
     let started = Instant::now();
     while captures.len() < WANT_SAMPLES && started.elapsed() < MAX_SAMPLING {
         collector
-            .poll(Duration::from_millis(50), |ev| {
+            .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev
                     && s.tid == spinner.host_pid
                 {
@@ -585,7 +585,7 @@ fn kernel_flags_and_counts_unusable_entries() {
         let started = Instant::now();
         while caps.len() < WANT_SAMPLES / 2 && started.elapsed() < MAX_SAMPLING / 2 {
             collector
-                .poll(Duration::from_millis(50), |ev| {
+                .poll(Duration::from_millis(50), None, |ev| {
                     if let Event::Sample(s) = ev
                         && s.tid == pid
                     {

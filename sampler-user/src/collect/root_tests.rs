@@ -199,7 +199,7 @@ fn collect_samples_own_busy_thread() {
     let mut samples: Vec<RawSample> = Vec::new();
     while started.elapsed() < Duration::from_millis(1700) {
         collector
-            .poll(Duration::from_millis(50), |ev| {
+            .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev {
                     samples.push(s);
                 }
@@ -208,7 +208,7 @@ fn collect_samples_own_busy_thread() {
     }
     busy.join().unwrap();
     collector
-        .poll(Duration::ZERO, |ev| {
+        .poll(Duration::ZERO, None, |ev| {
             if let Event::Sample(s) = ev {
                 samples.push(s);
             }
@@ -308,7 +308,7 @@ fn follows_forked_children() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(1200) {
         collector
-            .poll(Duration::from_millis(50), |ev| match ev {
+            .poll(Duration::from_millis(50), None, |ev| match ev {
                 Event::Fork(c) => forks.push(c),
                 Event::Sample(s) if s.pid == child_pid => child_samples += 1,
                 Event::Exec(c) if c.pid == child_pid => execs += 1,
@@ -330,7 +330,7 @@ fn follows_forked_children() {
     let deadline = Instant::now() + Duration::from_secs(2);
     while !exited && Instant::now() < deadline {
         collector
-            .poll(Duration::from_millis(50), |ev| {
+            .poll(Duration::from_millis(50), None, |ev| {
                 exited |= matches!(ev, Event::Exit(c) if c.pid == child_pid);
             })
             .unwrap();
@@ -391,7 +391,7 @@ fn kernel_mode_samples_use_task_regs_and_kernel_stacks() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(1150) {
         collector
-            .poll(Duration::from_millis(50), |ev| {
+            .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev
                     && s.tid == tid
                 {
@@ -509,7 +509,7 @@ fn host_wide_skips_self_and_flags_kernel_threads() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(800) {
         collector
-            .poll(Duration::from_millis(50), |ev| {
+            .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev {
                     samples.push(s);
                 }
@@ -587,7 +587,7 @@ fn poll_returns_early_when_interrupted() {
     });
     let started = Instant::now();
     let delivered = collector
-        .poll(Duration::from_secs(10), |_| {})
+        .poll(Duration::from_secs(10), None, |_| {})
         .expect("EINTR is not an error");
     let waited = started.elapsed();
     interrupter.join().unwrap();

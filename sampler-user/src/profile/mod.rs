@@ -7,8 +7,10 @@
 //! Frames and stacks are interned: a sample costs one stack id plus a few integers. Interning
 //! happens once per unique stack; names are never recomputed per sample.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use crate::lru::{FastHasher, FastMap, FastSet};
 
 /// What a frame stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -151,10 +153,12 @@ pub struct RunMeta {
 #[derive(Debug, Default)]
 pub struct Profile {
     frames: Vec<Frame>,
-    frame_ids: HashMap<Frame, FrameId>,
+    frame_ids: FastMap<Frame, FrameId>,
     stacks: Vec<Box<[FrameId]>>,
-    stack_ids: HashMap<Box<[FrameId]>, StackId>,
+    stack_ids: FastMap<Box<[FrameId]>, StackId>,
     samples: Vec<Sample>,
+    /// Processes with samples (kept up to date: no scan of the samples per tick).
+    pids: FastSet<u32>,
     /// Run metadata.
     pub meta: RunMeta,
 }
@@ -193,6 +197,7 @@ impl Profile {
 
     /// Adds a sample.
     pub fn add_sample(&mut self, sample: Sample) {
+        self.pids.insert(sample.pid);
         self.samples.push(sample);
     }
 
@@ -240,13 +245,13 @@ impl Profile {
         if u32::try_from(frames.len()).is_err() || u32::try_from(stacks.len()).is_err() {
             return Err(PartsError::TooMany);
         }
-        let mut frame_ids = HashMap::with_capacity(frames.len());
+        let mut frame_ids = FastMap::with_capacity_and_hasher(frames.len(), FastHasher::default());
         for (i, f) in frames.iter().enumerate() {
             if frame_ids.insert(f.clone(), FrameId(i as u32)).is_some() {
                 return Err(PartsError::DuplicateFrame { frame: i });
             }
         }
-        let mut stack_ids = HashMap::with_capacity(stacks.len());
+        let mut stack_ids = FastMap::with_capacity_and_hasher(stacks.len(), FastHasher::default());
         for (i, s) in stacks.iter().enumerate() {
             if let Some(f) = s.iter().find(|f| f.0 as usize >= frames.len()) {
                 return Err(PartsError::FrameOutOfRange {
@@ -270,12 +275,14 @@ impl Profile {
                 stacks: stacks.len(),
             });
         }
+        let pids = samples.iter().map(|s| s.pid).collect();
         Ok(Profile {
             frames,
             frame_ids,
             stacks,
             stack_ids,
             samples,
+            pids,
             meta,
         })
     }
@@ -296,10 +303,7 @@ impl Profile {
 
     /// Number of distinct processes with samples.
     pub fn process_count(&self) -> usize {
-        let mut pids: Vec<u32> = self.samples.iter().map(|s| s.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids.len()
+        self.pids.len()
     }
 
     /// Folded-stack lines (`a;b;c count`), sorted, as FlameGraph's stackcollapse tools print.

@@ -2,14 +2,18 @@
 //! stacks, so that a slow moment in user space (first symbolization of a large library, say)
 //! does not turn into samples lost in the kernel.
 //!
-//! Owns: the [`Collector`] for the duration of the run. Input: ring-buffer records. Output:
-//! [`Drained`] items on a bounded channel. Kernel stacks are looked up here, right when the
-//! sample arrives. When the channel is full the sample is dropped and counted as lost in user
-//! space — never silently.
+//! Owns: the [`Collector`] for the duration of the run. Input: ring-buffer records, drained
+//! when the kernel wakes us (per batch: see `Config::wakeup_bytes`) or every [`FLUSH_EVERY`].
+//! Output: one [`Batch`] of [`Drained`] items per wake-up on a bounded channel — one message
+//! (and at most one wake-up of the next stage) per batch, never per sample. Kernel stacks are
+//! looked up here, right when the sample arrives. When more than [`queue_capacity`] samples
+//! wait downstream, new samples are dropped and counted as lost in user space — never
+//! silently. [`Drain::finish`] wakes the thread at once (an eventfd in its poll).
 
+use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,6 +23,32 @@ use crate::collect::{CollectError, Collector, CounterTotals, Event, ProgramStats
 const QUEUE_BYTES: usize = 512 << 20;
 /// How often the drain thread publishes the kernel's lost-sample count for a live view.
 const LOST_EVERY: Duration = Duration::from_millis(500);
+/// The longest a sample waits in a quiet ring before it is drained: the kernel wakes us only
+/// when an eighth of the ring is used.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// The items of one drain, in ring order.
+pub type Batch = Vec<Drained>;
+
+/// Samples queued downstream of the drain: added when a batch is sent, taken off by
+/// [`Backlog::done`] when the next stage has handled a batch.
+#[derive(Clone, Default)]
+pub struct Backlog(Arc<AtomicUsize>);
+
+impl Backlog {
+    /// `n` samples of a batch were handled.
+    pub fn done(&self, n: usize) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// Samples in `batch`.
+pub fn samples_in(batch: &[Drained]) -> usize {
+    batch
+        .iter()
+        .filter(|d| matches!(d, Drained::Sample(..)))
+        .count()
+}
 
 /// One item for the stack builder.
 pub enum Drained {
@@ -37,6 +67,8 @@ pub struct Drain {
     /// Samples taken before this kernel time (ns, `CLOCK_MONOTONIC` like `bpf_ktime_get_ns`)
     /// are not part of the run: set-up was still in progress.
     start_ns: Arc<AtomicU64>,
+    /// Written to wake the thread from its poll.
+    wake: Arc<OwnedFd>,
     handle: JoinHandle<(Collector, Result<(), CollectError>)>,
 }
 
@@ -57,11 +89,24 @@ pub struct Finished {
     pub program: Option<ProgramStats>,
 }
 
-/// Starts draining `collector` into a bounded channel sized for `stack_bytes` per sample.
+/// Starts draining `collector` into a channel of batches; at most `queue_capacity(stack_bytes)`
+/// samples wait downstream ([`Backlog`]): beyond that, samples are dropped and counted. The
+/// channel itself never blocks the drain (a full ring loses samples in the kernel, where they
+/// are counted too, but a stalled drain would also delay process events).
 ///
 /// With `hold`, samples are discarded (process events are kept) until [`Drain::begin_now`].
-pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, Receiver<Drained>) {
-    let (tx, rx) = sync_channel(queue_capacity(stack_bytes));
+pub fn start(
+    mut collector: Collector,
+    stack_bytes: u32,
+    hold: bool,
+) -> (Drain, Receiver<Batch>, Backlog) {
+    let (tx, rx) = channel();
+    let backlog = Backlog::default();
+    // SAFETY: eventfd has no preconditions; a non-negative result is a new descriptor we own.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(efd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: `efd` is a fresh descriptor owned by nothing else.
+    let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
     let stop = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicU64::new(0));
     let kernel_lost = Arc::new(AtomicU64::new(0));
@@ -71,10 +116,14 @@ pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, 
         dropped: dropped.clone(),
         kernel_lost: kernel_lost.clone(),
         start_ns: start_ns.clone(),
+        wake: wake.clone(),
+        backlog: backlog.clone(),
+        capacity: queue_capacity(stack_bytes),
     };
     let handle = std::thread::Builder::new()
         .name("pyebpf-drain".into())
         .spawn(move || {
+            raise_priority();
             let r = run(&mut collector, &tx, &shared);
             (collector, r)
         })
@@ -85,10 +134,31 @@ pub fn start(mut collector: Collector, stack_bytes: u32, hold: bool) -> (Drain, 
             dropped,
             kernel_lost,
             start_ns,
+            wake,
             handle,
         },
         rx,
+        backlog,
     )
+}
+
+/// Nice value of the drain thread: it runs for microseconds per batch, and on a loaded host it
+/// must not wait behind CPU-bound tasks while the ring fills.
+const DRAIN_NICE: i32 = -10;
+
+/// Lowers the calling thread's nice value (Linux applies `setpriority` on a thread id to that
+/// thread only); without the privilege it stays as it was.
+fn raise_priority() {
+    // SAFETY: gettid and setpriority have no memory preconditions.
+    unsafe {
+        let tid = libc::gettid();
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DRAIN_NICE) != 0 {
+            tracing::debug!(
+                "drain thread priority unchanged: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 /// What the drain thread shares with its handle.
@@ -97,38 +167,46 @@ struct Shared {
     dropped: Arc<AtomicU64>,
     kernel_lost: Arc<AtomicU64>,
     start_ns: Arc<AtomicU64>,
+    wake: Arc<OwnedFd>,
+    backlog: Backlog,
+    capacity: usize,
 }
 
-fn run(c: &mut Collector, tx: &SyncSender<Drained>, sh: &Shared) -> Result<(), CollectError> {
-    let Shared {
-        stop,
-        dropped,
-        kernel_lost,
-        start_ns,
-    } = sh;
-    let mut batch = Vec::new();
+fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), CollectError> {
+    let mut events = Vec::new();
     let mut lost_read = Instant::now();
     loop {
         if lost_read.elapsed() >= LOST_EVERY {
             lost_read = Instant::now();
             if let Ok(totals) = c.counters() {
-                kernel_lost.store(totals.lost_samples(), Ordering::Relaxed);
+                sh.kernel_lost
+                    .store(totals.lost_samples(), Ordering::Relaxed);
             }
         }
         // One last poll after the stop request drains what is already in the buffer.
-        let stopping = stop.load(Ordering::Acquire);
-        c.poll(
-            if stopping {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(50)
-            },
-            |ev| batch.push(ev),
-        )?;
-        for ev in batch.drain(..) {
+        let stopping = sh.stop.load(Ordering::Acquire);
+        let timeout = if stopping {
+            Duration::ZERO
+        } else {
+            FLUSH_EVERY
+        };
+        c.poll(timeout, Some(sh.wake.as_fd()), |ev| events.push(ev))?;
+        let start_ns = sh.start_ns.load(Ordering::Acquire);
+        let room = sh
+            .capacity
+            .saturating_sub(sh.backlog.0.load(Ordering::Relaxed));
+        let mut batch = Vec::with_capacity(events.len());
+        let mut samples = 0;
+        for ev in events.drain(..) {
             let item = match ev {
-                Event::Sample(s) if s.time_ns < start_ns.load(Ordering::Acquire) => continue,
+                Event::Sample(s) if s.time_ns < start_ns => continue,
+                // The next stage is behind: drop (and count) rather than grow without bound.
+                Event::Sample(_) if samples >= room => {
+                    sh.dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 Event::Sample(s) => {
+                    samples += 1;
                     let k = (s.kernel_stack_id >= 0)
                         .then(|| c.kernel_stack(s.kernel_stack_id))
                         .flatten();
@@ -136,18 +214,12 @@ fn run(c: &mut Collector, tx: &SyncSender<Drained>, sh: &Shared) -> Result<(), C
                 }
                 other => Drained::Proc(other),
             };
-            match tx.try_send(item) {
-                Ok(()) => {}
-                Err(TrySendError::Full(Drained::Sample(..))) => {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                // Process events matter more than samples: wait for room.
-                Err(TrySendError::Full(item)) => {
-                    if tx.send(item).is_err() {
-                        return Ok(());
-                    }
-                }
-                Err(TrySendError::Disconnected(_)) => return Ok(()),
+            batch.push(item);
+        }
+        if !batch.is_empty() {
+            sh.backlog.0.fetch_add(samples, Ordering::Relaxed);
+            if tx.send(batch).is_err() {
+                return Ok(());
             }
         }
         if stopping {
@@ -176,6 +248,10 @@ impl Drain {
     /// drop count and the program's statistics. The collector (and its channel end) is dropped.
     pub fn finish(self) -> Result<Finished, CollectError> {
         self.stop.store(true, Ordering::Release);
+        // Wake the poll (the eventfd stays readable: every later poll returns at once).
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
+        let _ = unsafe { libc::write(self.wake_fd(), one.as_ptr().cast(), one.len()) };
         let (collector, result) = self.handle.join().expect("drain thread panicked");
         result?;
         Ok(Finished {
@@ -188,6 +264,11 @@ impl Drain {
     /// Samples lost so far (in the kernel, as last read, and in user space): for a live view.
     pub fn lost_so_far(&self) -> u64 {
         self.kernel_lost.load(Ordering::Relaxed) + self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn wake_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd as _;
+        self.wake.as_raw_fd()
     }
 
     /// Whether the thread has ended (an error, or the channel closed).

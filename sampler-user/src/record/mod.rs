@@ -197,7 +197,13 @@ fn write_outputs(
 ) -> Result<(), RecordError> {
     let mut failed = None;
     let mut skipped = Vec::new();
-    for (i, (file, format)) in cfg.outputs.iter().enumerate() {
+    // Streamed outputs first (a last batch and the end chunk: quick), then the rendered ones.
+    let order = (0..cfg.outputs.len())
+        .filter(|i| streams.iter().any(|s| s.index == *i))
+        .chain((0..cfg.outputs.len()).filter(|i| !streams.iter().any(|s| s.index == *i)));
+    let order: Vec<usize> = order.collect();
+    for i in order {
+        let (file, format) = &cfg.outputs[i];
         let result = if let Some(s) = streams.iter_mut().find(|s| s.index == i) {
             s.finish(profile)
         } else if signals::aborted() {

@@ -11,7 +11,9 @@
 //! so a process that exits later keeps its names; every failure is counted by kind in
 //! [`PyProcStats`]; caches are bounded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::lru::FastMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,7 +48,7 @@ pub struct PyFrameIdx(pub u32);
 /// sent to the stack builder wait in `pending`.
 #[derive(Debug, Default)]
 pub struct FrameTable {
-    ids: HashMap<Frame, PyFrameIdx>,
+    ids: FastMap<Frame, PyFrameIdx>,
     pending: Vec<Frame>,
 }
 
@@ -140,10 +142,10 @@ pub struct PyProc {
     /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
     /// eval-loop activation).
     has_base_frame: bool,
-    frames: HashMap<(u64, u64, i32), Option<PyFrameIdx>>,
-    thread_names: HashMap<u32, Arc<str>>,
+    frames: FastMap<(u64, u64, i32), Option<PyFrameIdx>>,
+    thread_names: FastMap<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
-    provisional: HashMap<u32, u8>,
+    provisional: FastMap<u32, u8>,
     threads_read_at: Option<Instant>,
 }
 
@@ -178,9 +180,9 @@ impl PyProc {
             stats,
             attached_at: Instant::now(),
             exited_at: None,
-            frames: HashMap::new(),
-            thread_names: HashMap::new(),
-            provisional: HashMap::new(),
+            frames: FastMap::default(),
+            thread_names: FastMap::default(),
+            provisional: FastMap::default(),
             threads_read_at: None,
         }
     }

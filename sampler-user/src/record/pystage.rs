@@ -5,8 +5,10 @@
 //!
 //! Owns: the [`Tracker`] (which pids are Python, `PY_PROCS`), the run's [`FrameTable`], the
 //! `--gil` filter and the `--threads` names of Python threads.
-//! Input: [`Drained`] items. Output: [`Staged`] items, in the same order, on a bounded channel
-//! (when it is full this thread waits; the drain thread then counts drops, never silently).
+//! Input: batches of [`Drained`] items. Output: one [`StagedBatch`] per input batch, items in
+//! the same order, on a bounded channel (when it is full this thread waits; the drain thread
+//! then counts drops, never silently). The thread sleeps until a batch comes, and wakes on a
+//! short timer only while attaches are in flight or retries are due.
 //! At the end: the per-process stats.
 //! Constraints: `--gil` keeps a sample only when its thread held the GIL at the sample
 //! (`locked && last_holder == tstate`, read in the kernel at that instant); a process whose
@@ -22,7 +24,7 @@ use sampler_common::py_flags;
 use crate::collect::{Event, PyCaptured, RawSample};
 use crate::profile::{Frame, GilState};
 
-use super::drain::Drained;
+use super::drain::{Batch, Drained, samples_in};
 use super::pyproc::{PyProcStats, PyStack};
 use super::pytrack::Tracker;
 
@@ -45,9 +47,17 @@ pub struct StagedSample {
 /// One item for the stack builder.
 pub enum Staged {
     /// A sample.
-    Sample(Box<StagedSample>),
+    Sample(StagedSample),
     /// A process event (after the stage acted on it).
     Proc(Event),
+}
+
+/// The staged items of one drained batch.
+pub struct StagedBatch {
+    /// In ring order (samples dropped by `--gil` left out).
+    pub items: Vec<Staged>,
+    /// Samples of the drained batch it came from (for the drain's backlog).
+    pub drained: usize,
 }
 
 /// What the stage needs from the run's configuration.
@@ -96,9 +106,9 @@ impl PyStageHandle {
 pub fn start(
     cfg: StageConfig,
     tracker: Tracker,
-    input: Receiver<Drained>,
+    input: Receiver<Batch>,
     capacity: usize,
-) -> (PyStageHandle, Receiver<Staged>) {
+) -> (PyStageHandle, Receiver<StagedBatch>) {
     let (tx, rx) = sync_channel(capacity);
     let handle = std::thread::Builder::new()
         .name("pyebpf-python".into())
@@ -128,42 +138,48 @@ struct Stage {
 }
 
 impl Stage {
-    fn run(&mut self, input: &Receiver<Drained>, tx: &SyncSender<Staged>) {
+    fn run(&mut self, input: &Receiver<Batch>, tx: &SyncSender<StagedBatch>) {
         loop {
-            let wait = if self.tracker.busy() {
-                Duration::from_millis(5)
+            // Attaches in flight or retries due: look at their results soon. Otherwise sleep
+            // until the next batch (results are also taken then).
+            let batch = if self.tracker.busy() {
+                match input.recv_timeout(Duration::from_millis(5)) {
+                    Ok(b) => Some(b),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
             } else {
-                Duration::from_millis(100)
-            };
-            let item = match input.recv_timeout(wait) {
-                Ok(item) => Some(item),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
+                match input.recv() {
+                    Ok(b) => Some(b),
+                    Err(_) => return,
+                }
             };
             self.tracker.tick(Instant::now());
-            let Some(item) = item else { continue };
-            let staged = match item {
-                Drained::Sample(s, kernel) => {
-                    let t0 = Instant::now();
-                    let out = self.sample(s, kernel);
-                    self.samples += 1;
-                    self.busy += t0.elapsed();
-                    match out {
-                        Some(s) => Staged::Sample(Box::new(s)),
-                        None => continue,
+            let Some(batch) = batch else { continue };
+            let drained = samples_in(&batch);
+            let mut items = Vec::with_capacity(batch.len());
+            let t0 = Instant::now();
+            for item in batch {
+                match item {
+                    Drained::Sample(s, kernel) => {
+                        self.samples += 1;
+                        if let Some(s) = self.sample(s, kernel) {
+                            items.push(Staged::Sample(s));
+                        }
+                    }
+                    Drained::Proc(ev) => {
+                        match &ev {
+                            Event::Exec(p) => self.tracker.on_exec(p.pid),
+                            Event::Exit(p) => self.tracker.on_exit(p.pid),
+                            Event::Fork(p) => self.tracker.on_fork(p.pid),
+                            Event::Sample(_) => {}
+                        }
+                        items.push(Staged::Proc(ev));
                     }
                 }
-                Drained::Proc(ev) => {
-                    match &ev {
-                        Event::Exec(p) => self.tracker.on_exec(p.pid),
-                        Event::Exit(p) => self.tracker.on_exit(p.pid),
-                        Event::Fork(p) => self.tracker.on_fork(p.pid),
-                        Event::Sample(_) => {}
-                    }
-                    Staged::Proc(ev)
-                }
-            };
-            if tx.send(staged).is_err() {
+            }
+            self.busy += t0.elapsed();
+            if tx.send(StagedBatch { items, drained }).is_err() {
                 return;
             }
         }

@@ -20,7 +20,7 @@ use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
 
-use super::pystage::{self, Staged};
+use super::pystage::{self, Staged, StagedBatch};
 use super::summary::{PyProcLine, RecordSummary};
 use super::{RecordError, drain, libc_time, pytrack, signals, spawn, stack};
 
@@ -60,14 +60,22 @@ struct Building {
 }
 
 impl Building {
+    /// Handles one staged batch, then tells the drain its samples are off the queue.
+    fn handle_batch(&mut self, batch: StagedBatch, backlog: &drain::Backlog) {
+        let t0 = Instant::now();
+        for item in batch.items {
+            self.handle(item);
+        }
+        self.built.1 += t0.elapsed();
+        backlog.done(batch.drained);
+    }
+
     /// Routes one staged item to the registry and the stack builder.
     fn handle(&mut self, item: Staged) {
         match item {
             Staged::Sample(s) => {
-                let t0 = Instant::now();
-                self.builder.add(&mut self.profile, &mut self.registry, *s);
+                self.builder.add(&mut self.profile, &mut self.registry, s);
                 self.built.0 += 1;
-                self.built.1 += t0.elapsed();
             }
             Staged::Proc(Event::Exec(p)) => {
                 self.registry.on_exec(p.pid);
@@ -93,7 +101,8 @@ pub struct Session {
     b: Building,
     drain: drain::Drain,
     stage: pystage::PyStageHandle,
-    rx: Receiver<Staged>,
+    rx: Receiver<StagedBatch>,
+    backlog: drain::Backlog,
     child: Option<spawn::HeldChild>,
     elapsed: Duration,
 }
@@ -122,7 +131,7 @@ fn start_collector(
         follow_children,
         stack_bytes: cfg.stack_bytes,
         kernel_stacks: cfg.kernel,
-        ring_bytes: sampler_common::DEFAULT_RING_BYTES,
+        ring_bytes: cfg.ring_bytes,
         self_pid: std::process::id(),
         variant: VariantChoice::from_env(),
     };
@@ -184,7 +193,7 @@ impl Session {
         // kernel: until then their samples would carry no Python frames. The drain runs
         // meanwhile (the ring buffer never fills) and discards those early samples.
         let cpus = collector.online_cpus();
-        let (drain, drained) = drain::start(collector, cfg.stack_bytes, all);
+        let (drain, drained, backlog) = drain::start(collector, cfg.stack_bytes, all);
         if all {
             tracker.wait_for(&busy, Duration::from_secs(3));
             drain.begin_now();
@@ -217,9 +226,8 @@ impl Session {
             gil: cfg.gil,
             threads: cfg.threads,
         };
-        // The stack builder's queue: a quarter of the drain's (memory stays bounded by both).
-        let capacity = (drain::queue_capacity(cfg.stack_bytes) / 4).max(1024);
-        let (stage, rx) = pystage::start(stage_cfg, tracker, drained, capacity);
+        // Batches between the stages (the samples in them are bounded by the drain's backlog).
+        let (stage, rx) = pystage::start(stage_cfg, tracker, drained, 64);
         // After the Python stage started: Python processes are announced to the kernel while
         // this slower scan runs (samples wait in the queues meanwhile).
         match &cfg.target {
@@ -257,6 +265,7 @@ impl Session {
             drain,
             stage,
             rx,
+            backlog,
             child,
             elapsed: Duration::ZERO,
         })
@@ -309,11 +318,11 @@ impl Session {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
             match self.rx.recv_timeout(wait) {
-                Ok(item) => {
-                    self.b.handle(item);
+                Ok(batch) => {
+                    self.b.handle_batch(batch, &self.backlog);
                     // Everything already queued, without waiting.
-                    while let Ok(item) = self.rx.try_recv() {
-                        self.b.handle(item);
+                    while let Ok(batch) = self.rx.try_recv() {
+                        self.b.handle_batch(batch, &self.backlog);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -328,8 +337,8 @@ impl Session {
     pub fn finish(mut self) -> Result<Ended, RecordError> {
         let finished = self.drain.finish()?;
         // What the drain thread queued before it stopped: the stage ends when its input closes.
-        for item in &self.rx {
-            self.b.handle(item);
+        for batch in &self.rx {
+            self.b.handle_batch(batch, &self.backlog);
         }
         let report = self.stage.finish();
         self.b.profile.meta.duration_s = self.elapsed.as_secs_f64();

@@ -14,7 +14,9 @@
 //!
 //! and kernel frames on top.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::lru::FastMap;
 use std::sync::Arc;
 
 use sampler_common::sample_flags;
@@ -48,14 +50,14 @@ pub struct StackBuilder {
     cfg: BuildConfig,
     unwinder: NativeUnwinder,
     symbolizer: Symbolizer,
-    native_frames: HashMap<(u32, u64), FrameId>,
-    kernel_frames: HashMap<u64, FrameId>,
-    roots: HashMap<u32, (Arc<str>, FrameId)>,
-    thread_names: HashMap<u32, Arc<str>>,
+    native_frames: FastMap<(u32, u64), FrameId>,
+    kernel_frames: FastMap<u64, FrameId>,
+    roots: FastMap<u32, (Arc<str>, FrameId)>,
+    thread_names: FastMap<u32, Arc<str>>,
     /// Python frame index (from the Python stage) → profile frame.
     py_frames: Vec<FrameId>,
     errors: BTreeMap<String, u64>,
-    mismatches: HashMap<u32, u64>,
+    mismatches: FastMap<u32, u64>,
     scratch: Vec<FrameId>,
     native_scratch: Vec<NativeItem<FrameId>>,
     py_scratch: Vec<PyItem<FrameId>>,
@@ -68,13 +70,13 @@ impl StackBuilder {
             cfg,
             unwinder: NativeUnwinder::new(),
             symbolizer: Symbolizer::new(),
-            native_frames: HashMap::new(),
-            kernel_frames: HashMap::new(),
-            roots: HashMap::new(),
-            thread_names: HashMap::new(),
+            native_frames: FastMap::default(),
+            kernel_frames: FastMap::default(),
+            roots: FastMap::default(),
+            thread_names: FastMap::default(),
             py_frames: Vec::new(),
             errors: BTreeMap::new(),
-            mismatches: HashMap::new(),
+            mismatches: FastMap::default(),
             scratch: Vec::new(),
             native_scratch: Vec::new(),
             py_scratch: Vec::new(),
@@ -87,7 +89,7 @@ impl StackBuilder {
     }
 
     /// Merge mismatches by pid.
-    pub fn mismatches(&self) -> &HashMap<u32, u64> {
+    pub fn mismatches(&self) -> &FastMap<u32, u64> {
         &self.mismatches
     }
 

@@ -20,8 +20,9 @@ use prost::Message as _;
 use super::{ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema};
 use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample, StackId};
 
-/// Largest chunk body (compressed), and largest decompressed chunk.
-pub const MAX_CHUNK: u64 = 256 << 20;
+/// Largest chunk body (compressed), and largest decompressed chunk (a one-second batch of
+/// 10 kHz on 64 CPUs is about 10 MiB).
+pub const MAX_CHUNK: u64 = 64 << 20;
 /// Largest decompressed total (1 GiB, about 70 million samples).
 pub const MAX_PAYLOAD: u64 = 1 << 30;
 /// Longest string (names are at most a few KiB).
@@ -315,8 +316,17 @@ impl Builder {
                 .push(s.frames.into_iter().map(FrameId).collect());
         }
         let cols = samples.ok_or_else(|| corrupt("no samples"))?;
-        self.samples(&cols)?;
-        self.check_cost(read)
+        // The cost is checked before the samples are built: a crafted batch is refused
+        // without allocating its samples.
+        let mut refs = 0u64;
+        for &stack in &cols.stack {
+            refs += self
+                .stacks
+                .get(stack as usize)
+                .map_or(0, |s| s.len() as u64);
+        }
+        self.check_cost(read, cols.stack.len() as u64, refs)?;
+        self.samples(&cols)
     }
 
     fn samples(&mut self, cols: &schema::Samples) -> Result<(), FormatError> {
@@ -371,7 +381,7 @@ impl Builder {
     }
 
     /// What rendering will cost, against the bytes the file spent on it (module header).
-    fn check_cost(&self, read: u64) -> Result<(), FormatError> {
+    fn check_cost(&self, read: u64, new_samples: u64, new_refs: u64) -> Result<(), FormatError> {
         let over = |what: &str, have: u64, per_byte: u64, slack: u64| {
             if have > read.saturating_mul(per_byte).saturating_add(slack) {
                 Err(corrupt(format!(
@@ -383,13 +393,13 @@ impl Builder {
         };
         over(
             "samples",
-            self.samples.len() as u64,
+            self.samples.len() as u64 + new_samples,
             SAMPLES_PER_BYTE,
             SLACK,
         )?;
         over(
             "frames over all samples",
-            self.frame_refs,
+            self.frame_refs + new_refs,
             FRAME_REFS_PER_BYTE,
             4 * SLACK,
         )?;

@@ -578,7 +578,7 @@ fn crafted_files_are_refused_within_bounds() {
     bomb.push(ChunkKind::Batch as u8);
     bomb.extend_from_slice(&(body.len() as u32).to_le_bytes());
     bomb.extend_from_slice(&body);
-    refused(&bomb, "more than 256 MiB uncompressed");
+    refused(&bomb, "more than 64 MiB uncompressed");
     // A stack deeper than any recording.
     refused(
         &crafted(&[(ChunkKind::Batch, deep_batch(100_000, 1, 1))]),

@@ -82,6 +82,7 @@ impl TopConfig {
             } else {
                 0
             },
+            ring_bytes: 0,
             run_as: None,
         }
     }

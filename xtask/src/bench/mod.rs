@@ -19,6 +19,7 @@
 //! "n/a: reason", decided at run time from the outputs, so they fill in once it lands.
 mod accuracy;
 mod folded;
+mod pipeline;
 mod proc;
 mod profilers;
 mod rates;
@@ -43,7 +44,13 @@ use tools::Tools;
 pub struct Options {
     pub quick: bool,
     pub runs: usize,
+    /// Only these figures (empty: all).
+    pub only: Vec<u8>,
 }
+
+/// Lines of `docs/benchmarks.md` from this marker on are hand-written (one-off measurements)
+/// and kept when the harness rewrites the file.
+const KEEP_MARKER: &str = "<!-- hand-written below: kept by cargo xtask bench -->";
 
 /// Sizes of everything, by mode.
 pub struct Plan {
@@ -177,18 +184,7 @@ pub fn run(opts: &Options) -> Result<()> {
             dir.display()
         ),
     );
-    let mut tables = Vec::new();
-    let (slow, mut cost) = t.phase("1-2. slowdown and cost", || Ok(slowdown::measure(&ctx)))?;
-    tables.push(slow);
-    let (rate_table, rate_cost_rows) = t.phase("3. rate limits", || Ok(rates::measure(&ctx)))?;
-    for r in rate_cost_rows {
-        cost.row(r);
-    }
-    tables.push(cost);
-    tables.push(rate_table);
-    tables.push(t.phase("4. accuracy", || Ok(accuracy::measure(&ctx)))?);
-    tables.push(t.phase("5. start-up and RSS", || Ok(startup::measure(&ctx)))?);
-    tables.push(t.phase("6. eBPF cost by version", || Ok(versions::measure(&ctx)))?);
+    let tables = figures(&ctx, opts, &mut t)?;
     let load_end = tools::loadavg();
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let md = report::render(
@@ -206,17 +202,26 @@ pub fn run(opts: &Options) -> Result<()> {
     t.print("bench");
     println!("\n{md}");
     let doc = sh::workspace_root().join("docs/benchmarks.md");
-    // The kernel matrix's section is `vm-test`'s: kept as it is.
-    let old = std::fs::read_to_string(&doc).unwrap_or_default();
-    let md = match crate::vm::report::section_of(&old) {
-        Some(section) => crate::vm::report::splice(&md, section),
-        None => md,
-    };
-    std::fs::write(&doc, &md).with_context(|| format!("writing {}", doc.display()))?;
-    say(
-        "bench",
-        format!("wrote {} ({minutes:.1} min)", doc.display()),
-    );
+    if opts.only.is_empty() {
+        let old = std::fs::read_to_string(&doc).unwrap_or_default();
+        // The hand-written part (one-off measurements, before/after tables) stays.
+        let kept = old
+            .find(KEEP_MARKER)
+            .map_or_else(|| format!("{KEEP_MARKER}\n"), |i| old[i..].to_owned());
+        // The kernel matrix's section is `vm-test`'s: kept as it is.
+        let md = match crate::vm::report::section_of(&old) {
+            Some(section) if !kept.contains(section) => crate::vm::report::splice(&md, section),
+            _ => md,
+        };
+        std::fs::write(&doc, format!("{}\n\n{kept}", md.trim_end()))
+            .with_context(|| format!("writing {}", doc.display()))?;
+        say(
+            "bench",
+            format!("wrote {} ({minutes:.1} min)", doc.display()),
+        );
+    } else {
+        say("bench", "--only: docs/benchmarks.md left alone");
+    }
     if std::env::var_os("PYEBPF_BENCH_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -226,4 +231,40 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The figures asked for (every one without `--only`), in order.
+fn figures(ctx: &Ctx, opts: &Options, t: &mut Timings) -> Result<Vec<report::Table>> {
+    let wanted = |n: u8| opts.only.is_empty() || opts.only.contains(&n);
+    let mut tables = Vec::new();
+    let mut cost = None;
+    if wanted(1) || wanted(2) {
+        let (slow, c) = t.phase("1-2. slowdown and cost", || Ok(slowdown::measure(ctx)))?;
+        tables.push(slow);
+        cost = Some(c);
+    }
+    if wanted(3) {
+        let (rate_table, rate_cost_rows) = t.phase("3. rate limits", || Ok(rates::measure(ctx)))?;
+        if let Some(c) = cost.as_mut() {
+            for r in rate_cost_rows {
+                c.row(r);
+            }
+        }
+        tables.extend(cost.take());
+        tables.push(rate_table);
+    }
+    tables.extend(cost.take());
+    if wanted(4) {
+        tables.push(t.phase("4. accuracy", || Ok(accuracy::measure(ctx)))?);
+    }
+    if wanted(5) {
+        tables.push(t.phase("5. start-up and RSS", || Ok(startup::measure(ctx)))?);
+    }
+    if wanted(6) {
+        tables.push(t.phase("6. eBPF cost by version", || Ok(versions::measure(ctx)))?);
+    }
+    if wanted(7) {
+        tables.push(t.phase("7. record pipeline", || Ok(pipeline::measure(ctx)))?);
+    }
+    Ok(tables)
 }

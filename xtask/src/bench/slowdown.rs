@@ -20,8 +20,15 @@ pub const RATE: u64 = 99;
 #[derive(Clone, Copy)]
 enum Setup {
     Alone,
-    Pyebpf { all: bool, native: bool },
-    PySpy { nonblocking: bool },
+    /// Unprofiled too, compared with "alone" like a profiler: the method's noise floor.
+    Control,
+    Pyebpf {
+        all: bool,
+        native: bool,
+    },
+    PySpy {
+        nonblocking: bool,
+    },
 }
 
 struct Config {
@@ -30,10 +37,15 @@ struct Config {
     threads: usize,
 }
 
-const CONFIGS: [Config; 9] = [
+const CONFIGS: [Config; 10] = [
     Config {
         label: "alone",
         setup: Setup::Alone,
+        threads: 1,
+    },
+    Config {
+        label: "alone again (unprofiled control)",
+        setup: Setup::Control,
         threads: 1,
     },
     Config {
@@ -127,7 +139,7 @@ fn one_run(ctx: &Ctx, cfg: &Config) -> Result<RunOut> {
     ];
     let (mut w, _) = ctx.workload("kernels.py", &args, &tag)?;
     let spec = match cfg.setup {
-        Setup::Alone => None,
+        Setup::Alone | Setup::Control => None,
         Setup::Pyebpf { all, native } => Some(
             Spec::new(
                 Who::Pyebpf,
