@@ -10,8 +10,8 @@
 //!   (5.3) with the same budgets (256 frames, 256 thread-list steps, so the full frame budget
 //!   is kept), each iteration calling a *global* function (5.6) that runs the same callback:
 //!   the verifier checks a global function once, on its own, so an iteration costs the caller
-//!   a few instructions: 13.8k verified instructions on 6.18, 12k on 6.12, 228k on 6.1 (whose
-//!   verifier prunes less; `bpf_loop`: 5.2k, 5.4k, 34.7k), far below the 1M limit. Calling the
+//!   a few instructions: 12k verified instructions on 6.18 and 6.12, 438k on 6.1 (whose
+//!   verifier prunes less; `bpf_loop`: 5.5k, 5.6k, 48k), below the 1M limit. Calling the
 //!   callbacks directly from the loops instead (static functions, verified again in every
 //!   iteration) measured 153k on 6.18 and did not finish verifying in 5 minutes on 5.10 under
 //!   emulation; a smaller frame budget would drop frames, and tail calls would add a program

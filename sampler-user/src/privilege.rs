@@ -105,17 +105,22 @@ pub mod cap {
     pub const SYS_PTRACE: u32 = 19;
     /// Read kernel symbol addresses from `/proc/kallsyms` (`--kernel`).
     pub const SYSLOG: u32 = 34;
+    /// Use the eBPF maps after attach, on kernels whose `bpf()` checks every command (before
+    /// 6.5 with unprivileged BPF disabled, e.g. Debian 11's 5.10): kept only there
+    /// (`collect::Collector::maps_need_cap_bpf`).
+    pub const BPF: u32 = 39;
     /// Open `/proc/PID/map_files/*`: the mapped file itself, also when it was deleted or
     /// replaced, or lives in another mount namespace.
     pub const CHECKPOINT_RESTORE: u32 = 40;
     /// Names for messages.
-    pub const NAMES: [(u32, &str); 7] = [
+    pub const NAMES: [(u32, &str); 8] = [
         (CHOWN, "CAP_CHOWN"),
         (DAC_OVERRIDE, "CAP_DAC_OVERRIDE"),
         (DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
         (KILL, "CAP_KILL"),
         (SYS_PTRACE, "CAP_SYS_PTRACE"),
         (SYSLOG, "CAP_SYSLOG"),
+        (BPF, "CAP_BPF"),
         (CHECKPOINT_RESTORE, "CAP_CHECKPOINT_RESTORE"),
     ];
 }
@@ -165,6 +170,15 @@ fn apply_to_this_thread() -> bool {
         libc::prctl(libc::PR_SET_SECUREBITS, SECURE_NOROOT, 0, 0, 0);
         libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()) == 0
     }
+}
+
+/// Drops every capability of the calling thread only (capabilities belong to threads), for a
+/// short-lived probe thread; whether that worked.
+pub fn drop_all_in_this_thread() -> bool {
+    let header = [CAP_VERSION_3, 0];
+    let data = [0u32; 6];
+    // SAFETY: capset with valid pointers to a v3 header and two zeroed data words.
+    unsafe { libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()) == 0 }
 }
 
 extern "C" fn on_drop_signal(_: libc::c_int) {

@@ -21,6 +21,10 @@
 //! - `subinterp`: the main interpreter's thread and a sub-interpreter's thread spinning at once
 //!   on 3.12, 3.13 and 3.14 → each thread's samples end in its own function (also with `--gil`).
 //!
+//! - `idle`: `--idle` (issue 13): wall-clock shares against the workloads' own measurements,
+//!   a thread blocked since before the run, GIL waits against `schedstat`, `report --sort
+//!   state` of the saved run.
+//!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
 //! ready file once its threads sit on their spinning lines (see `pyrecord/support.rs`).
 
@@ -28,6 +32,7 @@ mod all;
 mod command;
 mod deliverables;
 mod gil;
+mod idle;
 mod kernel;
 mod native;
 mod stacks;

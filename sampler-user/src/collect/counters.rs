@@ -16,7 +16,7 @@ pub struct CounterTotals {
 
 /// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
 /// Python process's non-Python threads have no thread state by nature.)
-const ERROR_COUNTERS: [Counter; 12] = [
+const ERROR_COUNTERS: [Counter; 14] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -29,6 +29,8 @@ const ERROR_COUNTERS: [Counter; 12] = [
     Counter::PyThreadBudget,
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
+    Counter::OffCpuLost,
+    Counter::OffCpuMapFull,
 ];
 
 /// Kernel counters of the in-kernel Python walk.

@@ -1,4 +1,6 @@
-//! SVG flame graph via inferno, from the folded stacks of the profile.
+//! SVG flame graph via inferno, from the folded stacks of the profile. With `record --idle`
+//! each off-CPU stack ends in its state as a frame of its own (`[off-CPU: sleeping in futex]`),
+//! so the graph shows where threads wait above the Python frame that waits.
 
 use std::io::{self, Write};
 
@@ -15,8 +17,13 @@ impl Renderer for Flamegraph {
         opts.title = "pyebpf".to_string();
         let m = &profile.meta;
         opts.subtitle = Some(format!(
-            "{} samples, {:.1} s at {} Hz on {} CPUs, {} processes, {} lost",
-            profile.samples().len(),
+            "{} samples{}, {:.1} s at {} Hz on {} CPUs, {} processes, {} lost",
+            profile.total_weight(),
+            if m.idle {
+                " (wall clock: on and off CPU)"
+            } else {
+                ""
+            },
             m.duration_s,
             m.rate_hz,
             m.cpus,

@@ -19,6 +19,7 @@ use crate::config::Target;
 use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
+use sampler_common::Counter;
 
 use super::pystage::{self, Staged, StagedBatch};
 use super::summary::{PyProcLine, RecordSummary};
@@ -115,6 +116,34 @@ pub struct Ended {
     pub summary: RecordSummary,
 }
 
+/// How long `-p` waits for its targets to be attached before sampling starts (it goes on as
+/// soon as they are): milliseconds natively, seconds on an emulated kernel (the kernel matrix's
+/// 5.10 guest needed more than 2 s for a 3.13t target, whose first samples then had no Python
+/// frames).
+const PIDS_ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// The capabilities the rest of a run needs (`privilege::cap` says why each one); `cap_bpf`:
+/// the kernel refuses map operations without `CAP_BPF`.
+fn kept_capabilities(cfg: &SessionConfig, cap_bpf: bool) -> Vec<u32> {
+    let mut keep = vec![
+        cap::CHOWN,
+        cap::DAC_OVERRIDE,
+        cap::DAC_READ_SEARCH,
+        cap::SYS_PTRACE,
+        cap::CHECKPOINT_RESTORE,
+    ];
+    if cfg.run_as.is_some() {
+        keep.push(cap::KILL);
+    }
+    if cfg.kernel {
+        keep.push(cap::SYSLOG);
+    }
+    if cap_bpf {
+        keep.push(cap::BPF);
+    }
+    keep
+}
+
 /// Starts the collector (and `-- COMMAND`, held until it is a target).
 fn start_collector(
     cfg: &SessionConfig,
@@ -134,6 +163,7 @@ fn start_collector(
         ring_bytes: cfg.ring_bytes,
         self_pid: std::process::id(),
         variant: VariantChoice::from_env(),
+        idle: cfg.idle,
     };
     let mut collector = Collector::start(&collect_cfg)?;
     for note in collector.notes() {
@@ -174,11 +204,16 @@ impl Session {
             Target::Command(_) => Vec::new(),
         };
         let (mut collector, child) = start_collector(&cfg)?;
-        // Taken before the collector moves into the drain thread: the Python stage writes it.
+        let keep_cap_bpf = collector.maps_need_cap_bpf();
+        // Taken before the collector moves into the drain thread: the Python stage writes it
+        // (and with --idle seeds OFFCPU for threads asleep when their process is attached).
+        if let Some(offcpu) = collector.take_offcpu() {
+            tracker.set_offcpu(offcpu);
+        }
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on.
-            tracker.wait_for(pids, Duration::from_secs(2));
+            tracker.wait_for(pids, PIDS_ATTACH_WAIT);
             for (pid, why) in tracker.failures(pids) {
                 eprintln!(
                     "pyebpf: no Python frames for pid {pid}: {}",
@@ -205,6 +240,7 @@ impl Session {
             rate_hz: cfg.rate_hz,
             cpus,
             command_line: argv.to_vec(),
+            idle: cfg.idle,
             ..RunMeta::default()
         };
         let mut b = Building {
@@ -212,6 +248,11 @@ impl Session {
                 native: cfg.native,
                 kernel: cfg.kernel,
                 threads: cfg.threads,
+                offcpu_period_ns: if cfg.idle {
+                    crate::collect::offcpu_period_ns(cfg.rate_hz)
+                } else {
+                    0
+                },
             }),
             profile: Profile::new(meta),
             registry: ProcessRegistry::new(),
@@ -242,21 +283,9 @@ impl Session {
             Target::Command(_) => {}
         }
         // Attached, targets opened: keep only what reading targets, stopping the command and
-        // writing the outputs need (privilege::cap says why each one).
-        let mut keep = vec![
-            cap::CHOWN,
-            cap::DAC_OVERRIDE,
-            cap::DAC_READ_SEARCH,
-            cap::SYS_PTRACE,
-            cap::CHECKPOINT_RESTORE,
-        ];
-        if cfg.run_as.is_some() {
-            keep.push(cap::KILL);
-        }
-        if cfg.kernel {
-            keep.push(cap::SYSLOG);
-        }
-        if let Err(e) = crate::privilege::drop_capabilities(&keep) {
+        // writing the outputs need.
+        if let Err(e) = crate::privilege::drop_capabilities(&kept_capabilities(&cfg, keep_cap_bpf))
+        {
             eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
         Ok(Session {
@@ -405,6 +434,17 @@ fn summarize(
         .collect();
     summary.python_overflow = report.overflow;
     summary.program.clone_from(&finished.program);
+    if cfg.idle {
+        let c = &finished.counters;
+        summary.offcpu = Some(super::summary::OffCpuLine {
+            switches: c.get(Counter::OffCpuSwitches),
+            sent: c.get(Counter::OffCpuSent),
+            short: c.get(Counter::OffCpuShort),
+            lost: c.get(Counter::OffCpuLost),
+            map_full: c.get(Counter::OffCpuMapFull),
+            program: finished.offcpu_program.clone(),
+        });
+    }
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some([(report.samples, report.busy), b.built]);
     }
