@@ -254,7 +254,7 @@ impl PythonProcess {
         let mut first_err = None;
         let mut chosen = None;
         for d in candidates {
-            let attempt = read_version(&*mem, pid, &d)
+            let attempt = read_version(&*mem, pid, &d, cached)
                 .and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v, cached)?)));
             match attempt {
                 Ok((version, layout)) => {
