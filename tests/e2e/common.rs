@@ -223,10 +223,9 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Seconds of CPU time (user + system) process `pid` has used, from `/proc/PID/stat`.
-pub fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+/// Seconds of CPU time (user + system) in a `/proc/…/stat` file.
+fn stat_cpu_secs(path: &Path) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     // After the `(comm)` field, which may hold spaces: state is field 3, utime 14, stime 15.
     let rest = &stat[stat.rfind(')').expect("stat without comm") + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -236,18 +235,43 @@ pub fn cpu_secs(pid: u32) -> f64 {
     ticks as f64 / hz
 }
 
-/// Waits until each `(pid, since, secs)` has used `secs` of CPU time more than `since`
-/// (its [`cpu_secs`] at the start), or `timeout` passes; returns the CPU seconds each used.
-/// Tests give a workload enough CPU time this way rather than a fixed wall-clock time, so a
-/// sample count measures the sampler, not how loaded the machine is.
-pub fn wait_cpu(targets: &[(u32, f64, f64)], timeout: Duration) -> Vec<f64> {
+/// The CPU time a process or one of its threads uses from now on.
+pub struct Cpu {
+    stat: PathBuf,
+    since: f64,
+}
+
+impl Cpu {
+    /// Process `pid` (all its threads).
+    pub fn process(pid: u32) -> Cpu {
+        Cpu::at(PathBuf::from(format!("/proc/{pid}/stat")))
+    }
+
+    /// Thread `tid` of process `pid`.
+    pub fn thread(pid: u32, tid: u32) -> Cpu {
+        Cpu::at(PathBuf::from(format!("/proc/{pid}/task/{tid}/stat")))
+    }
+
+    fn at(stat: PathBuf) -> Cpu {
+        let since = stat_cpu_secs(&stat);
+        Cpu { stat, since }
+    }
+
+    /// Seconds of CPU time used since this was made.
+    pub fn used(&self) -> f64 {
+        stat_cpu_secs(&self.stat) - self.since
+    }
+}
+
+/// Waits until each `(cpu, secs)` has used `secs` of CPU time, or `timeout` passes; returns
+/// the CPU seconds each used. Tests give a workload enough CPU time this way rather than a
+/// fixed wall-clock time, so a sample count measures the sampler, not how loaded the machine
+/// is.
+pub fn wait_cpu(targets: &[(&Cpu, f64)], timeout: Duration) -> Vec<f64> {
     let t0 = Instant::now();
     loop {
-        let used: Vec<f64> = targets
-            .iter()
-            .map(|&(pid, since, _)| cpu_secs(pid) - since)
-            .collect();
-        if used.iter().zip(targets).all(|(u, t)| *u >= t.2) || t0.elapsed() >= timeout {
+        let used: Vec<f64> = targets.iter().map(|(c, _)| c.used()).collect();
+        if used.iter().zip(targets).all(|(u, t)| *u >= t.1) || t0.elapsed() >= timeout {
             return used;
         }
         std::thread::sleep(Duration::from_millis(50));

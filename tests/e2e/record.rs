@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::{
-    Guard, Recorder, build_c, cpu_secs, pyebpf, require_root, run, spawn_until, text, wait_cpu,
+    Cpu, Guard, Recorder, build_c, pyebpf, require_root, run, spawn_until, text, wait_cpu,
 };
 
 /// A fresh output directory for one test.
@@ -104,10 +104,7 @@ fn native_stack_of_c_program_without_frame_pointers() {
     c.arg(&out);
     let rec = Recorder::start(c);
     // 1.5 s of the program's CPU time while sampling: ~148 samples at 99 Hz.
-    let used = wait_cpu(
-        &[(hot.pid(), cpu_secs(hot.pid()), 1.5)],
-        Duration::from_secs(40),
-    );
+    let used = wait_cpu(&[(&Cpu::process(hot.pid()), 1.5)], Duration::from_secs(40));
     rec.signal(libc::SIGINT);
     let (st, err) = rec.finish();
     assert!(st.success(), "record failed: {st}: {err}");
@@ -151,7 +148,7 @@ fn all_processes_native_with_python_and_late_starter() {
     ]);
     c.arg(&out);
     let rec = Recorder::start(c);
-    let since = [cpu_secs(hot.pid()), cpu_secs(py.pid())];
+    let since = [Cpu::process(hot.pid()), Cpu::process(py.pid())];
     // A process that starts 1 s after sampling began.
     std::thread::sleep(Duration::from_secs(1));
     let late = Guard(
@@ -164,9 +161,9 @@ fn all_processes_native_with_python_and_late_starter() {
     // (~40), however loaded the machine is.
     let used = wait_cpu(
         &[
-            (hot.pid(), since[0], 0.75),
-            (py.pid(), since[1], 0.75),
-            (late.pid(), 0.0, 0.4),
+            (&since[0], 0.75),
+            (&since[1], 0.75),
+            (&Cpu::process(late.pid()), 0.4),
         ],
         Duration::from_secs(40),
     );
@@ -303,10 +300,7 @@ fn sigint_writes_what_was_collected() {
     let rec = Recorder::start(c);
     // SIGINT once the program has had 0.75 s of CPU since sampling began (~74 samples at
     // 99 Hz, however loaded the machine is).
-    let used = wait_cpu(
-        &[(hot.pid(), cpu_secs(hot.pid()), 0.75)],
-        Duration::from_secs(40),
-    );
+    let used = wait_cpu(&[(&Cpu::process(hot.pid()), 0.75)], Duration::from_secs(40));
     rec.signal(libc::SIGINT);
     let t0 = std::time::Instant::now();
     let (st, err) = rec.finish();
