@@ -269,6 +269,39 @@ impl Workload {
         self.files.label(function, tag)
     }
 
+    /// Thread `name`'s Python stack as CPython itself saw it when the workload wrote its ready
+    /// file (`sys._current_frames()`, read by the workload), outermost first, as labels
+    /// `function (file:line)`: the truth `record`'s stacks are compared with (not `dump`, which
+    /// shares pyebpf's reading code). Functions are `co_qualname` from 3.11, `co_name` before,
+    /// as pyebpf shows them.
+    pub fn own_stack(&self, name: &str) -> Vec<String> {
+        let frames = self.ready["threads"][name]["stack"]
+            .as_array()
+            .unwrap_or_else(|| {
+                panic!(
+                    "ready file of {} has no stack of thread {name}: {}",
+                    self.interp, self.ready
+                )
+            });
+        assert!(
+            !frames.is_empty(),
+            "{}: thread {name}: empty stack",
+            self.interp
+        );
+        frames
+            .iter()
+            .rev()
+            .map(|f| {
+                format!(
+                    "{} ({}:{})",
+                    f["function"].as_str().unwrap(),
+                    f["file"].as_str().unwrap(),
+                    f["line"].as_i64().unwrap()
+                )
+            })
+            .collect()
+    }
+
     /// The thread's Python stack as `dump --json` shows it now, outermost first, as labels.
     pub fn dump_stack(&self, tid: u32) -> Vec<String> {
         dump_stack(self.pid, tid)
