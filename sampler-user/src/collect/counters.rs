@@ -16,11 +16,12 @@ pub struct CounterTotals {
 
 /// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
 /// Python process's non-Python threads have no thread state by nature.)
-const ERROR_COUNTERS: [Counter; 14] = [
+const ERROR_COUNTERS: [Counter; 15] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
     Counter::KernelStackErrors,
+    Counter::KernelStackCollisions,
     Counter::StackCopyEmpty,
     Counter::FollowFailed,
     Counter::ProcEventErrors,
