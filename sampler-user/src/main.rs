@@ -367,7 +367,8 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
-    let profile = load(&a.file)?;
+    // Writing the saved format again needs every sample, not only their counts.
+    let profile = load(&a.file, format == Some(Format::Pyebpf))?;
     let written = match format {
         Some(format) => out.write(|w| format.render(&profile, w)),
         None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
@@ -382,20 +383,23 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Loads a saved profile; an incomplete one (a run that was killed) is said so on stderr.
-fn load(path: &std::path::Path) -> Result<pyebpf::profile::Profile, pyebpf::saved::LoadError> {
-    let loaded = pyebpf::saved::load(path)?;
+fn load(
+    path: &std::path::Path,
+    timeline: bool,
+) -> Result<pyebpf::profile::Profile, pyebpf::saved::LoadError> {
+    let loaded = pyebpf::saved::load_with(path, timeline)?;
     if !loaded.complete {
         eprintln!(
             "pyebpf: {}: incomplete (the run did not finish writing it): {} samples up to its last complete chunk; lost samples and errors unknown",
             path.display(),
-            loaded.profile.samples().len()
+            loaded.profile.sample_count()
         );
     }
     Ok(loaded.profile)
 }
 
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let profile = load(&a.file)?;
+    let profile = load(&a.file, true)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     pyebpf::report::script::render(&profile, &mut out)?;

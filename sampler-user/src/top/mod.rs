@@ -31,6 +31,8 @@ use view::{Action, Ui};
 
 /// How often the display is refreshed.
 pub const REFRESH: Duration = Duration::from_secs(1);
+/// How often keys are read (and the refresh checked): the session wakes this often for `top`.
+const KEYS_EVERY: Duration = Duration::from_millis(100);
 /// Most input events handled per tick (a flood of input cannot starve sampling).
 const MAX_EVENTS_PER_TICK: usize = 64;
 
@@ -183,7 +185,7 @@ impl App {
         }
         if tick.elapsed >= self.last_refresh + REFRESH {
             // Sampling and counting go on while paused; only the display is frozen.
-            let samples = profile.drain_samples();
+            let samples = profile.take_counts();
             let snap = self.agg.window(
                 profile,
                 &samples,
@@ -211,7 +213,7 @@ pub fn run(cfg: &TopConfig) -> Result<(), TopError> {
     require_terminal()?;
     cfg.validate()?;
     eprintln!("pyebpf: top: loading the eBPF program...");
-    let mut session = Session::start(cfg.session(), &[])?;
+    let mut session = Session::start(cfg.session(), &[], false)?;
     let mut app = App {
         agg: Aggregator::default(),
         ui: Ui::new(cfg.mode()),
@@ -221,7 +223,7 @@ pub fn run(cfg: &TopConfig) -> Result<(), TopError> {
     };
     let mut screen = term::Screen::enter().map_err(TopError::Terminal)?;
     let mut failed = None;
-    session.run(|profile, tick| {
+    session.run(Some(KEYS_EVERY), |profile, _, tick| {
         app.tick(profile, tick, &mut screen).unwrap_or_else(|e| {
             failed = Some(e);
             Flow::Stop

@@ -121,16 +121,57 @@ pub enum UnwindError {
     },
 }
 
-impl UnwindError {
+/// The kinds of [`UnwindError`], as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnwindFailure {
+    /// [`UnwindError::ProcessGone`].
+    ProcessGone,
+    /// [`UnwindError::NoInstructionPointer`].
+    NoInstructionPointer,
+    /// [`UnwindError::StackRead`].
+    StackRead,
+    /// [`UnwindError::UnmappedAddress`].
+    UnmappedAddress,
+    /// [`UnwindError::Framehop`].
+    Framehop,
+    /// [`UnwindError::TooDeep`].
+    TooDeep,
+}
+
+impl UnwindFailure {
+    /// Every kind.
+    pub const ALL: [UnwindFailure; 6] = [
+        Self::ProcessGone,
+        Self::NoInstructionPointer,
+        Self::StackRead,
+        Self::UnmappedAddress,
+        Self::Framehop,
+        Self::TooDeep,
+    ];
+
     /// Short stable name for counters.
-    pub fn kind(&self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
-            Self::ProcessGone { .. } => "unwind_process_gone",
-            Self::NoInstructionPointer { .. } => "unwind_no_ip",
-            Self::StackRead { .. } => "unwind_stack_read",
-            Self::UnmappedAddress { .. } => "unwind_unmapped_address",
-            Self::Framehop { .. } => "unwind_framehop",
-            Self::TooDeep { .. } => "unwind_too_deep",
+            Self::ProcessGone => "unwind_process_gone",
+            Self::NoInstructionPointer => "unwind_no_ip",
+            Self::StackRead => "unwind_stack_read",
+            Self::UnmappedAddress => "unwind_unmapped_address",
+            Self::Framehop => "unwind_framehop",
+            Self::TooDeep => "unwind_too_deep",
+        }
+    }
+}
+
+impl UnwindError {
+    /// Its kind, as counted.
+    pub fn kind(&self) -> UnwindFailure {
+        match self {
+            Self::ProcessGone { .. } => UnwindFailure::ProcessGone,
+            Self::NoInstructionPointer { .. } => UnwindFailure::NoInstructionPointer,
+            Self::StackRead { .. } => UnwindFailure::StackRead,
+            Self::UnmappedAddress { .. } => UnwindFailure::UnmappedAddress,
+            Self::Framehop { .. } => UnwindFailure::Framehop,
+            Self::TooDeep { .. } => UnwindFailure::TooDeep,
         }
     }
 }

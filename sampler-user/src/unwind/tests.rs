@@ -98,7 +98,7 @@ fn gone_process_and_missing_ip() {
     assert!(s.truncated);
     assert_eq!(
         s.error.as_ref().map(UnwindError::kind),
-        Some("unwind_process_gone")
+        Some(crate::unwind::UnwindFailure::ProcessGone)
     );
     let s = u.unwind(
         &mut reg,
