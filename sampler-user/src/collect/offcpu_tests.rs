@@ -2,7 +2,7 @@
 //! each `sched_switch` variant the kernel supports loads and attaches with `sched_wakeup`, at
 //! every Python layout (one program for all, as the sampler) and with and without kernel
 //! stacks, within a verifier budget; the BTF facts the programs need are found. The kernel
-//! matrix runs them on every kernel (`variant-load: switch …` lines). What the programs
+//! matrix runs them on every kernel (`variant-load: switch-bpf_loop …` lines). What the programs
 //! capture is checked end to end (`tests/e2e/pyrecord/idle.rs`).
 
 use super::root_tests::{SERIAL, have_root};
@@ -62,7 +62,7 @@ fn offcpu_program_loads_in_every_supported_variant() {
                     "{}: {err}",
                     v.name
                 );
-                eprintln!("variant-load: switch {} unsupported: {err}", v.name);
+                eprintln!("variant-load: switch-{} unsupported: {err}", v.name);
                 break;
             }
             let mut c = result.unwrap_or_else(|e| {
@@ -77,7 +77,7 @@ fn offcpu_program_loads_in_every_supported_variant() {
             assert!(c.take_offcpu().is_none(), "OFFCPU handed out twice");
             let stats = c.offcpu_program_stats().expect("off-CPU program info");
             eprintln!(
-                "variant-load: switch {} kernel_stacks={kernel_stacks} verified_insns={} \
+                "variant-load: switch-{} kernel_stacks={kernel_stacks} verified_insns={} \
                  translated={} jited_bytes={}",
                 v.name,
                 stats

@@ -118,7 +118,10 @@ impl Pipeline {
 
     /// When the pipeline has timed work (an attach retry, the end of an exit grace).
     pub fn next_due(&self) -> Option<Instant> {
-        self.python.tracker_ref().next_due()
+        [self.python.tracker_ref().next_due(), self.python.open_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Handles one message; a batch's samples are then off the drain's backlog.
@@ -139,7 +142,26 @@ impl Pipeline {
             Input::Attached(a) => self.python.tracker().accept(a),
             Input::Wake | Input::DrainEnded => {}
         }
-        self.python.tracker().tick(Instant::now());
+        self.tick();
+    }
+
+    /// Timed work: attach retries, exit graces, and with `--idle` the open off-CPU intervals
+    /// about every second (a thread asleep for the whole run shows in `top` and in a streamed
+    /// file, not only when it wakes).
+    pub fn tick(&mut self) {
+        let now = Instant::now();
+        self.python.tracker().tick(now);
+        if self.python.open_due().is_some_and(|due| now >= due) {
+            self.account_open(false);
+        }
+    }
+
+    /// `--idle`: the open off-CPU intervals as samples, up to now (`last`: closed now).
+    fn account_open(&mut self, last: bool) {
+        for (raw, kernel) in self.python.account_open(last) {
+            self.build(raw, kernel.as_deref());
+        }
+        self.python.open_accounted();
     }
 
     /// The one place where a process's start and end are handled, for every stage.
@@ -177,8 +199,15 @@ impl Pipeline {
         }
     }
 
-    /// One sample through the stages.
+    /// One drained sample through the stages.
     fn sample(&mut self, mut raw: RawSample, kernel: Option<&[u64]>) {
+        if self.python.after_accounted(&mut raw) {
+            self.build(raw, kernel);
+        }
+    }
+
+    /// One sample through the stages.
+    fn build(&mut self, mut raw: RawSample, kernel: Option<&[u64]>) {
         let Some(resolved) = self.python.resolve(&mut raw, &mut self.profile) else {
             return; // dropped by --gil
         };
@@ -215,9 +244,7 @@ impl Pipeline {
 
     /// `--idle` at the end: the off-CPU intervals still open, closed now, as samples.
     pub fn flush_open_intervals(&mut self) {
-        for (raw, kernel) in self.python.open_intervals() {
-            self.sample(raw, kernel.as_deref());
-        }
+        self.account_open(true);
     }
 
     /// The end of the run: the stages' reports.

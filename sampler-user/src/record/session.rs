@@ -337,7 +337,7 @@ impl Session {
                         self.take(input);
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => self.pipe.python().tracker().tick(Instant::now()),
+                Err(RecvTimeoutError::Timeout) => self.pipe.tick(),
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }

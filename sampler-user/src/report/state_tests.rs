@@ -255,3 +255,24 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
     );
     assert!(crate::saved::writer::write_profile(&bad, &mut Vec::new()).is_err());
 }
+
+#[test]
+fn pprof_counts_weights_as_wall_time_with_a_state_label() {
+    let p = wall_profile();
+    let mut bytes = Vec::new();
+    crate::output::Format::Pprof.render(&p, &mut bytes).unwrap();
+    let prof = crate::output::pprof::decode(&bytes).unwrap();
+    let s = |i: i64| prof.string_table[i as usize].as_str();
+    assert_eq!(prof.sample.iter().map(|x| x.value[0]).sum::<i64>(), 15);
+    assert_eq!(s(prof.sample_type[1].r#type), "wall");
+    let mut states: Vec<&str> = prof
+        .sample
+        .iter()
+        .flat_map(|x| x.label.iter())
+        .filter(|l| s(l.key) == "state")
+        .map(|l| s(l.str))
+        .collect();
+    states.sort_unstable();
+    states.dedup();
+    assert_eq!(states, ["gil-wait", "on-cpu", "sleeping"]);
+}

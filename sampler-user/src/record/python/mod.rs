@@ -22,12 +22,13 @@ mod process_tests;
 mod tracker;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sampler_common::py_flags;
 
 use crate::collect::{PyCaptured, RawSample};
 use crate::failure::{Failure, Failures, PyFailure};
+use crate::lru::FastMap;
 use crate::profile::{GilState, Profile};
 use crate::python::Detected;
 
@@ -69,7 +70,18 @@ pub struct PythonStage {
     cfg: StageConfig,
     tracker: Tracker,
     failures: Failures,
+    /// `--idle`: host tid → (the open interval's `t_out`, accounted up to), by
+    /// [`Self::account_open`].
+    accounted: FastMap<u32, (u64, u64)>,
+    /// When the open intervals were last accounted.
+    open_at: Instant,
+    /// Resolving an open interval: a seeded stack stays for the rest of it.
+    keep_seed: bool,
 }
+
+/// How often the open off-CPU intervals are accounted (`--idle`): a thread asleep for the whole
+/// run shows in a live view and in a streamed file within about this long.
+const OPEN_EVERY: Duration = Duration::from_secs(1);
 
 impl PythonStage {
     /// A stage over `tracker` (which may already hold processes, and have attaches in flight).
@@ -78,6 +90,9 @@ impl PythonStage {
             cfg,
             tracker,
             failures: Failures::default(),
+            accounted: FastMap::default(),
+            open_at: Instant::now(),
+            keep_seed: false,
         }
     }
 
@@ -129,7 +144,7 @@ impl PythonStage {
         let py = if let Some(c) = &cap {
             Some(proc.resolve(c, profile))
         } else if seeded {
-            let stack = proc.take_seed(tid, profile);
+            let stack = proc.seed_stack(tid, profile, !self.keep_seed);
             if stack.is_none() {
                 proc.stats.count(PyFailure::OffCpuSeedMissing);
             }
@@ -157,13 +172,69 @@ impl PythonStage {
         })
     }
 
-    /// `--idle` at the end of the run (the collector is gone: nothing writes `OFFCPU` any
-    /// more): the intervals still open, closed now, as samples with their kernel stacks.
-    pub fn open_intervals(&self) -> Vec<(RawSample, Option<Vec<u64>>)> {
-        self.tracker
-            .offcpu()
-            .map(|map| map.open_intervals(crate::record::idle::monotonic_ns()))
-            .unwrap_or_default()
+    /// `--idle`: when the open intervals are next due to be accounted ([`Self::account_open`]).
+    pub fn open_due(&self) -> Option<Instant> {
+        self.tracker.offcpu().map(|_| self.open_at + OPEN_EVERY)
+    }
+
+    /// `--idle`: the intervals still open (a thread asleep for seconds), as samples up to now,
+    /// each from where the previous call left it; `last`: the end of the run (the collector is
+    /// gone: nothing writes `OFFCPU` any more). The kernel sends such an interval whole at its
+    /// switch-in; [`Self::after_accounted`] then keeps only what was not accounted here (the
+    /// weight of `(a, b]` is the weight of `(a, m]` plus that of `(m, b]` on the sampling grid,
+    /// so nothing is lost or counted twice). Until the next call, a seeded stack resolved for
+    /// them stays for the rest of its interval (unless `last`).
+    pub fn account_open(&mut self, last: bool) -> Vec<(RawSample, Option<Vec<u64>>)> {
+        self.open_at = Instant::now();
+        self.keep_seed = !last;
+        let Some(map) = self.tracker.offcpu() else {
+            return Vec::new();
+        };
+        let now = crate::record::idle::monotonic_ns();
+        let open = map.open_intervals(now);
+        let mut out = Vec::with_capacity(open.len());
+        for (mut raw, kernel) in open {
+            let Some(off) = raw.off_cpu.as_mut() else {
+                continue;
+            };
+            let t_out = off.t_out;
+            let from = match self.accounted.get(&raw.tid) {
+                Some(&(t, to)) if t == t_out => to,
+                _ => t_out,
+            };
+            if !crate::record::idle::clip(off, from) {
+                continue;
+            }
+            raw.time_ns = off.t_out;
+            if last {
+                self.accounted.remove(&raw.tid);
+            } else {
+                self.accounted.insert(raw.tid, (t_out, now));
+            }
+            out.push((raw, kernel));
+        }
+        out
+    }
+
+    /// The open intervals of [`Self::account_open`] are resolved: seeds are taken again.
+    pub fn open_accounted(&mut self) {
+        self.keep_seed = false;
+    }
+
+    /// An interval the kernel sent whole: the part [`Self::account_open`] did not take
+    /// already; `false` when nothing is left.
+    pub fn after_accounted(&mut self, raw: &mut RawSample) -> bool {
+        let Some(off) = raw.off_cpu.as_mut() else {
+            return true;
+        };
+        match self.accounted.remove(&raw.tid) {
+            Some((t_out, to)) if t_out == off.t_out => {
+                let left = crate::record::idle::clip(off, to);
+                raw.time_ns = off.t_out;
+                left
+            }
+            _ => true,
+        }
     }
 
     /// The per-process stats and the stage's failures.

@@ -242,10 +242,14 @@ impl PyProc {
         out
     }
 
-    /// The stack of host thread `tid` as seeded (`--idle`), taken once: its first off-CPU
-    /// interval began before the kernel saw it.
-    pub fn take_seed(&mut self, tid: u32, profile: &mut Profile) -> Option<PyStack> {
-        let seed = self.seeds.remove(&tid)?;
+    /// The stack of host thread `tid` as seeded (`--idle`): its first off-CPU interval began
+    /// before the kernel saw it. `take`: that interval ends here (the seed is dropped).
+    pub fn seed_stack(&mut self, tid: u32, profile: &mut Profile, take: bool) -> Option<PyStack> {
+        let seed = if take {
+            self.seeds.remove(&tid)?
+        } else {
+            self.seeds.get(&tid)?.clone()
+        };
         self.stats.samples += 1;
         let mut out = PyStack {
             items: Vec::with_capacity(seed.items.len()),
