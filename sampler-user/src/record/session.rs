@@ -10,7 +10,8 @@
 //! Constraints: nothing polls. The session's thread sleeps until a message arrives — a batch
 //! (the drain wakes at most every `drain::FLUSH_EVERY`, earlier when the kernel has a batch or
 //! a process event), an attach result, a signal's wake-up — or until a deadline: the end of
-//! `-d`, the caller's next tick when it asked for ticks, the tracker's next retry. Targets'
+//! `-d`, the caller's next tick when it asked for ticks, the tracker's next retry, and with
+//! `--idle` the next accounting of the open off-CPU intervals (about every second). Targets'
 //! exits come from the kernel's exit events (a `/proc` check is left only for the case where
 //! the kernel lost process events).
 
