@@ -335,6 +335,12 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// What `report` writes: a profile format, or the report itself.
+enum ReportView {
+    Format(pyebpf::output::Format),
+    Report(pyebpf::report::ReportConfig),
+}
+
 fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     use pyebpf::output::Format;
     let format = match (&a.format, &a.output) {
@@ -361,17 +367,18 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         color: a.output.is_none() && std::io::stdout().is_terminal(),
         source: a.file.display().to_string(),
     };
-    if format.is_none() {
-        // A usage error is reported before the file is read.
-        pyebpf::report::validate(&opts)?;
-    }
+    // A usage error is reported before the file is read (a format's output has no options).
+    let view = match format {
+        Some(f) => ReportView::Format(f),
+        None => ReportView::Report(pyebpf::report::ReportConfig::new(&opts)?),
+    };
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
     // Writing the saved format again needs every sample, not only their counts.
     let profile = load(&a.file, format == Some(Format::Pyebpf))?;
-    let written = match format {
-        Some(format) => out.write(|w| format.render(&profile, w)),
-        None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
+    let written = match &view {
+        ReportView::Format(format) => out.write(|w| format.render(&profile, w)),
+        ReportView::Report(cfg) => out.write(|w| pyebpf::report::render(&profile, cfg, w)),
     };
     written.map_err(|e| {
         if out.is_stdout() {
@@ -407,7 +414,7 @@ fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let cfg = pyebpf::top::TopConfig {
+    let req = pyebpf::top::TopRequest {
         pids: a.pids,
         rate_hz: a.rate,
         native: a.native,
@@ -416,7 +423,7 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         idle: a.idle,
     };
     pyebpf::top::require_terminal()?;
-    cfg.validate()?;
+    let cfg = pyebpf::top::TopConfig::new(&req)?;
     pyebpf::preflight::check()?;
     pyebpf::top::run(&cfg)?;
     Ok(())

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{ReportOptions, render};
+use super::{ReportConfig, ReportOptions, render};
 use crate::profile::{Frame, FrameKind, GilState, NamedSample, Profile, RunMeta, ThreadState};
 
 /// Adds one sample of `tid` (pid 10, `app`) with `frames` (Python `name (/a.py:1)`, then the
@@ -87,7 +87,7 @@ fn opts(sort: &str) -> ReportOptions {
 /// total.
 fn table(p: &Profile, o: &ReportOptions) -> (Vec<(String, u64, u64)>, u64) {
     let mut out = Vec::new();
-    render(p, o, &mut out).unwrap();
+    render(p, &ReportConfig::new(o).unwrap(), &mut out).unwrap();
     let v: Value = serde_json::from_slice(&out).unwrap();
     let keys = o.sort.clone();
     let rows = v["rows"]
@@ -118,7 +118,7 @@ fn text(p: &Profile, o: &ReportOptions) -> String {
         ..o.clone()
     };
     let mut out = Vec::new();
-    render(p, &o, &mut out).unwrap();
+    render(p, &ReportConfig::new(&o).unwrap(), &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 

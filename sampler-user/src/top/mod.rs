@@ -1,7 +1,8 @@
 //! `pyebpf top`: a live, host-wide (or `-p PID`) view of where CPU time goes, refreshed every
 //! second.
 //!
-//! Owns: the `top` command — its configuration, driving a `record` sampling
+//! Owns: the `top` command — its configuration ([`TopRequest`] from the CLI, validated into a
+//! [`TopConfig`]), driving a `record` sampling
 //! [`Session`](crate::record::session::Session) (same collector, Python stage and stack
 //! builder as `record`), taking the samples of each refresh window out of the profile (so
 //! memory stays bounded on a long run) and the terminal loop: keys, refresh, redraw.
@@ -42,7 +43,7 @@ const MAX_EVENTS_PER_TICK: usize = 64;
     clippy::struct_excessive_bools,
     reason = "one field per CLI flag: the request mirrors the command line"
 )]
-pub struct TopConfig {
+pub struct TopRequest {
     /// `-p`: only these processes (empty: the whole host).
     pub pids: Vec<u32>,
     /// Samples per second, per CPU.
@@ -57,15 +58,28 @@ pub struct TopConfig {
     pub idle: bool,
 }
 
-impl TopConfig {
-    /// Checks what a user can get wrong before sampling: a pid that does not exist, a rate
-    /// out of range.
-    pub fn validate(&self) -> Result<(), TopError> {
-        crate::config::check_pids(&self.pids)?;
-        crate::config::check_rate(self.rate_hz)?;
-        Ok(())
-    }
+/// A validated `top` run: the sampling session and the header's mode line.
+#[derive(Clone, Debug)]
+pub struct TopConfig {
+    session: SessionConfig,
+    mode: String,
+}
 
+impl TopConfig {
+    /// Validates a request: what a user can get wrong before sampling (a pid that does not
+    /// exist, a rate out of range) is a one-line error here, as `record`'s
+    /// [`crate::config::RecordConfig::new`].
+    pub fn new(req: &TopRequest) -> Result<Self, TopError> {
+        crate::config::check_pids(&req.pids)?;
+        crate::config::check_rate(req.rate_hz)?;
+        Ok(TopConfig {
+            session: req.session(),
+            mode: req.mode(),
+        })
+    }
+}
+
+impl TopRequest {
     /// The sampling session `top` runs.
     fn session(&self) -> SessionConfig {
         SessionConfig {
@@ -211,12 +225,11 @@ impl App {
 /// Runs `top` until `q`, Ctrl-C, SIGINT or SIGTERM.
 pub fn run(cfg: &TopConfig) -> Result<(), TopError> {
     require_terminal()?;
-    cfg.validate()?;
     eprintln!("pyebpf: top: loading the eBPF program...");
-    let mut session = Session::start(cfg.session(), &[], false)?;
+    let mut session = Session::start(cfg.session.clone(), &[], false)?;
     let mut app = App {
         agg: Aggregator::default(),
-        ui: Ui::new(cfg.mode()),
+        ui: Ui::new(cfg.mode.clone()),
         shown: Snapshot::default(),
         last_refresh: Duration::ZERO,
         drawn: false,
