@@ -81,7 +81,7 @@ impl Variant for Modern {
             generated::bpf_loop(
                 FRAME_BUDGET as u32,
                 frame_step as *mut c_void,
-                (walk as *mut FrameWalk).cast(),
+                core::ptr::from_mut::<FrameWalk>(walk).cast(),
                 0,
             );
         }

@@ -23,6 +23,7 @@ pub mod config;
 pub mod coredump;
 pub mod dump;
 pub mod failure;
+pub mod fuzzing;
 pub mod lru;
 pub mod merge;
 pub mod output;

@@ -192,6 +192,8 @@ pub struct FrameOffsets {
     /// `_PyStackRef` tag bits of `f_executable` (3.14+: `Py_TAG_BITS` == 3; 0 before).
     pub stackref_tag_mask: u64,
     pub entry: EntryRule,
+    /// ≤ 3.10: a frame is a `PyFrameObject`, whose `ob_type` must be `PyFrame_Type`.
+    pub is_object: bool,
 }
 
 impl FrameOffsets {
@@ -658,6 +660,7 @@ impl RuntimeLayout {
                 },
                 stackref_tag_mask: facts.stackref_tag_mask,
                 entry: facts.entry,
+                is_object: facts.frame_is_object,
             },
             code: CodeOffsets {
                 size: n("code_object.size")?,

@@ -35,6 +35,7 @@ pub mod memory;
 pub mod objects;
 mod printable_table;
 pub mod repr;
+pub mod snapshot;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
@@ -43,9 +44,9 @@ mod version;
 pub mod walker;
 
 #[cfg(test)]
-mod fuzz_tests;
+pub(crate) mod fuzz_tests;
 #[cfg(test)]
-mod live_tests;
+pub(crate) mod live_tests;
 #[cfg(test)]
 mod repr_live_tests;
 #[cfg(test)]
@@ -162,14 +163,18 @@ pub struct ImageSource<'a> {
     pub threads: Vec<(u32, u64)>,
 }
 
+/// The layout of the runtime at `d`: from the per-file cache when `cached`, else (and on a
+/// miss) built from the target's memory and checked.
 fn layout_for(
     mem: &dyn ReadMemory,
     pid: u32,
     d: &Detected,
     version: PyVersion,
+    cached: bool,
 ) -> Result<Arc<RuntimeLayout>, PyError> {
     let key = &d.file;
-    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
+    if cached
+        && let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
         && v == version
     {
         return Ok(l);
@@ -196,7 +201,7 @@ fn layout_for(
         check_binary(mem, pid, d, version, &layout)?;
     }
     let layout = Arc::new(layout);
-    if let Ok(mut c) = LAYOUTS.lock() {
+    if cached && let Ok(mut c) = LAYOUTS.lock() {
         c.insert(key.clone(), (version, Arc::clone(&layout)));
     }
     Ok(layout)
@@ -215,6 +220,7 @@ impl PythonProcess {
             candidates,
             Box::new(ProcessMemory::new(pid)),
             Source::Live,
+            true,
         )
     }
 
@@ -232,20 +238,24 @@ impl PythonProcess {
             Source::Image {
                 threads: src.threads,
             },
+            true,
         )
     }
 
+    /// The runtime among `candidates` to read (an initialised one first). `cached`: layouts
+    /// may come from the per-file cache (snapshots read everything from their own memory).
     fn choose(
         pid: u32,
         candidates: Vec<Detected>,
         mem: Box<dyn ReadMemory + Send>,
         source: Source,
+        cached: bool,
     ) -> Result<PythonProcess, PyError> {
         let mut first_err = None;
         let mut chosen = None;
         for d in candidates {
-            let attempt =
-                read_version(&*mem, pid, &d).and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v)?)));
+            let attempt = read_version(&*mem, pid, &d, cached)
+                .and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v, cached)?)));
             match attempt {
                 Ok((version, layout)) => {
                     // An embedding process can map two runtimes: prefer the initialised one.
@@ -289,6 +299,7 @@ impl PythonProcess {
             runtime: detected.runtime_addr,
             pthread_tid,
             pycode_type: detected.pycode_type_addr,
+            pyframe_type: detected.pyframe_type_addr,
             image: detected.image.clone(),
             known: detected.known.clone(),
         };

@@ -383,6 +383,16 @@ pub fn walk_frames_with(
             out.truncated = true;
             return Ok(out);
         }
+        // ≤ 3.10: a `PyFrameObject` of another type is no frame (a stale `f_back`, freed
+        // memory): counted, and the chain ends here (what it points to cannot be trusted).
+        if f.is_object
+            && let Some(want) = ctx.target.pyframe_type
+            && field_u64(&buf, l.object.ob_type) != Some(want)
+        {
+            counts.add(ErrorKind::WrongType);
+            out.truncated = true;
+            return Ok(out);
+        }
         let previous = field_u64(&buf, f.previous).unwrap_or(0);
         let owner = f.owner.map_or(Some(0), |o| field_u8(&buf, o));
         if owner.is_some_and(|o| !f.is_shim_owner(o)) {
