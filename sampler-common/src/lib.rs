@@ -509,7 +509,8 @@ pub enum Counter {
     LostProcEvents = 5,
     /// Kernel-mode samples whose task `pt_regs` could not be read.
     NoUserRegs = 6,
-    /// `get_stackid` failed with something other than `-EFAULT` (user-mode sample).
+    /// `get_stackid` failed with something other than `-EFAULT` (user-mode sample) or
+    /// `-EEXIST` (a collision, [`Counter::KernelStackCollisions`]).
     KernelStackErrors = 7,
     /// User-stack copies whose first page faulted (nothing copied).
     StackCopyEmpty = 8,
@@ -548,10 +549,14 @@ pub enum Counter {
     OffCpuLost = 23,
     /// Target threads not followed off-CPU: `OFFCPU` was full.
     OffCpuMapFull = 24,
+    /// Kernel stacks not kept: `get_stackid` found their hash bucket in `KSTACKS` taken by
+    /// another stack (`-EEXIST`; replacing it would give earlier samples that name the bucket
+    /// the wrong stack). The sample is kept without its kernel frames.
+    KernelStackCollisions = 25,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 25;
+pub const COUNTERS_LEN: u32 = 26;
 
 impl Counter {
     /// Every counter, in index order.
@@ -581,6 +586,7 @@ impl Counter {
         Counter::OffCpuShort,
         Counter::OffCpuLost,
         Counter::OffCpuMapFull,
+        Counter::KernelStackCollisions,
     ];
 
     /// Short, stable name for summaries.
@@ -612,6 +618,7 @@ impl Counter {
             Counter::OffCpuShort => "offcpu_short",
             Counter::OffCpuLost => "offcpu_lost",
             Counter::OffCpuMapFull => "offcpu_map_full",
+            Counter::KernelStackCollisions => "kernel_stack_collisions",
         }
     }
 }

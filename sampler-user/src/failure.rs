@@ -159,11 +159,12 @@ pub enum Failure {
 
 /// The kernel counters that mean data was lost or degraded (`PyNoTstate` is not one: a Python
 /// process's non-Python threads have no thread state by nature).
-pub const KERNEL_FAILURES: [Counter; 14] = [
+pub const KERNEL_FAILURES: [Counter; 15] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
     Counter::KernelStackErrors,
+    Counter::KernelStackCollisions,
     Counter::StackCopyEmpty,
     Counter::FollowFailed,
     Counter::ProcEventErrors,
