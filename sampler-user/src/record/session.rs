@@ -242,6 +242,9 @@ impl Session {
         {
             eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
+        // Every sample from here on is kept (`-d` counts from here): a debug line
+        // (`PYEBPF_LOG=pyebpf::record::session=debug`) for tests that time things from it.
+        tracing::debug!("sampling begins");
         Ok(Session {
             cfg,
             pipe,
