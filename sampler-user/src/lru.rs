@@ -11,6 +11,7 @@
 //! per process, so a target cannot precompute collisions for names or addresses it controls
 //! (FxHash's fixed multiplier can be inverted; std's SipHash showed in the profile).
 
+use std::borrow::Borrow;
 use std::hash::Hash;
 use std::num::NonZeroUsize;
 
@@ -40,22 +41,34 @@ impl<K: Hash + Eq, V> Lru<K, V> {
     }
 
     /// The value of `k`, marking it used.
-    pub fn get(&mut self, k: &K) -> Option<&V> {
+    pub fn get<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.get(k)
     }
 
     /// The value of `k`, mutable, marking it used.
-    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+    pub fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.get_mut(k)
     }
 
     /// The value of `k` without marking it used.
-    pub fn peek(&self, k: &K) -> Option<&V> {
+    pub fn peek<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.peek(k)
     }
 
     /// Whether `k` is cached (not marking it used).
-    pub fn contains(&self, k: &K) -> bool {
+    pub fn contains<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.inner.contains(k)
     }
 
@@ -71,7 +84,10 @@ impl<K: Hash + Eq, V> Lru<K, V> {
     }
 
     /// Removes `k`.
-    pub fn remove(&mut self, k: &K) -> Option<V> {
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.pop(k)
     }
 
