@@ -493,7 +493,7 @@ const _: () = assert!(core::mem::size_of::<ProcEvent>() == 40);
 
 /// Per-CPU counters in `COUNTERS`. Values are indices.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Counter {
     /// perf-event program runs (all samples, before filtering).
     Runs = 0,

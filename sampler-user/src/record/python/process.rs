@@ -1,36 +1,36 @@
 //! One Python process during `record`: its attached reader, the caches that make per-sample
 //! work a hash lookup, and its counts for the per-process summary.
 //!
-//! Owns: [`PyProc`] (the [`PythonProcess`], its eval-loop ranges, a (executable, instr_ptr,
-//! tlbc_index) → frame cache, a tid → thread-name cache) and [`FrameTable`] (unique Python
-//! frames of the run, numbered; new ones travel to the stack builder with the next sample).
+//! Owns: [`PyProc`] (the [`PythonProcess`], a (executable, instr_ptr, tlbc_index) → frame
+//! cache, a tid → thread-name cache) and its [`PyProcStats`].
 //! Input: the frames the eBPF program captured for one sample ([`PyCaptured`]). Output: a
-//! [`PyStack`] — frames innermost first, entry frames kept as merge delimiters, the `__init__`
-//! shim dropped, unresolvable frames as `[unknown python frame]`.
+//! [`PyStack`] — frames innermost first as ids of the run's one frame table (the
+//! [`Profile`]'s), entry frames kept as merge delimiters, the `__init__` shim dropped,
+//! unresolvable frames as `[unknown python frame]`.
 //! Constraints: resolution happens when the sample arrives (milliseconds after it was taken),
 //! so a process that exits later keeps its names; every failure is counted by kind in
-//! [`PyProcStats`]; caches are bounded.
+//! [`PyProcStats`]; caches are bounded ([`Lru`]).
 
 use std::collections::BTreeMap;
-
-use crate::lru::FastMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sampler_common::py_flags;
 
 use crate::collect::PyCaptured;
-use crate::merge::{EvalRanges, PyItem};
-use crate::profile::{Frame, FrameKind};
+use crate::failure::PyFailure;
+use crate::lru::{FastMap, Lru};
+use crate::merge::PyItem;
+use crate::profile::{Frame, FrameId, FrameKind, Profile};
 use crate::python::layout::EntryRule;
 use crate::python::walker::{ChainItem, code_from_executable};
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
 
 /// Label of a captured frame that could not be resolved.
 pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
-/// Most cached (executable, instr_ptr, tlbc_index) keys per process (cleared when full).
+/// Most cached (executable, instr_ptr, tlbc_index) keys per process.
 const MAX_FRAME_KEYS: usize = 1 << 16;
-/// Most cached thread names per process (cleared when full).
+/// Most cached thread names per process.
 const MAX_THREAD_NAMES: usize = 4096;
 /// Samples without a capture this soon after the attach are expected (taken before the
 /// kernel knew the process); later ones are counted.
@@ -40,45 +40,13 @@ const THREADS_EVERY: Duration = Duration::from_millis(100);
 /// Lookups of a Python thread's `threading` name before its OS name is final.
 const NAME_TRIES: u8 = 4;
 
-/// Index of a unique Python frame in the run's [`FrameTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PyFrameIdx(pub u32);
-
-/// Unique Python frames of the run. Indices are dense and assigned in order; frames not yet
-/// sent to the stack builder wait in `pending`.
-#[derive(Debug, Default)]
-pub struct FrameTable {
-    ids: FastMap<Frame, PyFrameIdx>,
-    pending: Vec<Frame>,
-}
-
-impl FrameTable {
-    /// The index of `frame`, numbering it if new.
-    pub fn intern(&mut self, frame: Frame) -> PyFrameIdx {
-        if let Some(i) = self.ids.get(&frame) {
-            return *i;
-        }
-        let i = PyFrameIdx(self.ids.len() as u32);
-        self.pending.push(frame.clone());
-        self.ids.insert(frame, i);
-        i
-    }
-
-    /// Frames numbered since the last call, in index order.
-    pub fn take_new(&mut self) -> Vec<Frame> {
-        std::mem::take(&mut self.pending)
-    }
-}
-
 /// The Python part of one sample, for the stack builder.
 #[derive(Clone, Debug, Default)]
 pub struct PyStack {
     /// Innermost first; entry frames as [`PyItem::Entry`].
-    pub items: Vec<PyItem<PyFrameIdx>>,
+    pub items: Vec<PyItem<FrameId>>,
     /// The capture stopped at the frame cap or at a read error: outer frames are missing.
     pub truncated: bool,
-    /// The process's eval-loop ranges (for `--native`), if known.
-    pub eval: Option<Arc<EvalRanges>>,
 }
 
 /// Counts of one Python process, for the summary.
@@ -103,12 +71,12 @@ pub struct PyProcStats {
     /// Excluded from a `--gil` run (free-threaded, GIL disabled).
     pub gil_excluded: bool,
     /// Failures by kind.
-    pub errors: BTreeMap<&'static str, u64>,
+    pub errors: BTreeMap<PyFailure, u64>,
 }
 
 impl PyProcStats {
     /// Counts one failure of `kind`.
-    pub fn count(&mut self, kind: &'static str) {
+    pub fn count(&mut self, kind: PyFailure) {
         *self.errors.entry(kind).or_default() += 1;
     }
 
@@ -117,8 +85,20 @@ impl PyProcStats {
         for k in ErrorKind::ALL {
             let n = after.get(k).saturating_sub(before.get(k));
             if n > 0 {
-                *self.errors.entry(k.name()).or_default() += n;
+                *self.errors.entry(PyFailure::Reader(k)).or_default() += n;
             }
+        }
+    }
+
+    /// Adds `b` into `self` (the bucket of the processes beyond the per-process bound).
+    pub fn merge(&mut self, b: &PyProcStats) {
+        self.samples += b.samples;
+        self.full += b.full;
+        self.truncated += b.truncated;
+        self.no_tstate += b.no_tstate;
+        self.gil_dropped += b.gil_dropped;
+        for (k, v) in &b.errors {
+            *self.errors.entry(*k).or_default() += v;
         }
     }
 }
@@ -139,8 +119,6 @@ pub struct SeedStack {
 pub struct PyProc {
     /// The reader.
     pub process: PythonProcess,
-    /// Eval-loop ranges (computed with `--native` only).
-    pub eval: Option<Arc<EvalRanges>>,
     /// Counts for the summary.
     pub stats: PyProcStats,
     /// When it was attached (and announced to the kernel).
@@ -154,12 +132,12 @@ pub struct PyProc {
     /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
     /// eval-loop activation).
     has_base_frame: bool,
-    frames: FastMap<(u64, u64, i32), Option<PyFrameIdx>>,
+    frames: Lru<(u64, u64, i32), Option<FrameId>>,
     /// `--idle`: threads seeded off a CPU (host tid → stack), until their first interval.
     pub seeds: FastMap<u32, SeedStack>,
-    thread_names: FastMap<u32, Arc<str>>,
+    thread_names: Lru<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
-    provisional: FastMap<u32, u8>,
+    provisional: Lru<u32, u8>,
     threads_read_at: Option<Instant>,
 }
 
@@ -177,7 +155,7 @@ fn python_frame(f: PyFrame) -> Frame {
 
 impl PyProc {
     /// Wraps an attached process.
-    pub fn new(process: PythonProcess, comm: String, eval: Option<Arc<EvalRanges>>) -> Self {
+    pub fn new(process: PythonProcess, comm: String) -> Self {
         let l = process.layout();
         let stats = PyProcStats {
             comm,
@@ -190,39 +168,37 @@ impl PyProc {
             tag_mask: l.frame.stackref_tag_mask,
             has_base_frame: l.table.iter().any(|(n, _)| *n == "thread_state.base_frame"),
             process,
-            eval,
             stats,
             attached_at: Instant::now(),
             exited_at: None,
-            frames: FastMap::default(),
+            frames: Lru::new(MAX_FRAME_KEYS),
             seeds: FastMap::default(),
-            thread_names: FastMap::default(),
-            provisional: FastMap::default(),
+            thread_names: Lru::new(MAX_THREAD_NAMES),
+            provisional: Lru::new(MAX_THREAD_NAMES),
             threads_read_at: None,
         }
     }
 
-    /// Resolves one captured stack.
-    pub fn resolve(&mut self, cap: &PyCaptured, table: &mut FrameTable) -> PyStack {
+    /// Resolves one captured stack, its frames interned in `profile`.
+    pub fn resolve(&mut self, cap: &PyCaptured, profile: &mut Profile) -> PyStack {
         self.stats.samples += 1;
         let mut out = PyStack {
             items: Vec::with_capacity(cap.frames.len()),
             truncated: cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
-            eval: self.eval.clone(),
         };
         if cap.flags & py_flags::NO_TSTATE != 0 {
             self.stats.no_tstate += 1;
             return out;
         }
         if cap.flags & py_flags::CAPTURED == 0 {
-            self.stats.count("not_captured");
+            self.stats.count(PyFailure::NotCaptured);
             return out;
         }
         if cap.flags & py_flags::TRUNCATED != 0 {
             self.stats.truncated += 1;
         }
         if cap.flags & py_flags::READ_ERROR != 0 {
-            self.stats.count("kernel_read_error");
+            self.stats.count(PyFailure::KernelReadError);
         }
         let mut unknown = false;
         for rec in &cap.frames {
@@ -230,13 +206,13 @@ impl PyProc {
                 out.items.push(PyItem::Entry);
                 continue;
             }
-            match self.frame(rec.executable, rec.instr_ptr, rec.tlbc_index, table) {
+            match self.frame(rec.executable, rec.instr_ptr, rec.tlbc_index, profile) {
                 Ok(Some(i)) => out.items.push(PyItem::Frame(i)),
                 Ok(None) => {} // the `__init__` shim
                 Err(()) => {
                     unknown = true;
                     out.items.push(PyItem::Frame(
-                        table.intern(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
+                        profile.intern_frame(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
                     ));
                 }
             }
@@ -268,7 +244,7 @@ impl PyProc {
 
     /// The stack of host thread `tid` as seeded (`--idle`): its first off-CPU interval began
     /// before the kernel saw it. `take`: that interval ends here (the seed is dropped).
-    pub fn seed_stack(&mut self, tid: u32, table: &mut FrameTable, take: bool) -> Option<PyStack> {
+    pub fn seed_stack(&mut self, tid: u32, profile: &mut Profile, take: bool) -> Option<PyStack> {
         let seed = if take {
             self.seeds.remove(&tid)?
         } else {
@@ -278,7 +254,6 @@ impl PyProc {
         let mut out = PyStack {
             items: Vec::with_capacity(seed.items.len()),
             truncated: seed.truncated,
-            eval: self.eval.clone(),
         };
         for item in &seed.items {
             match item {
@@ -286,7 +261,7 @@ impl PyProc {
                 ChainItem::Frame(i) => {
                     if let Some(f) = seed.frames.get(*i as usize).filter(|f| !is_init_shim(f)) {
                         out.items
-                            .push(PyItem::Frame(table.intern(python_frame(f.clone()))));
+                            .push(PyItem::Frame(profile.intern_frame(python_frame(f.clone()))));
                     }
                 }
             }
@@ -305,14 +280,15 @@ impl PyProc {
         executable: u64,
         instr_ptr: u64,
         tlbc_index: i32,
-        table: &mut FrameTable,
-    ) -> Result<Option<PyFrameIdx>, ()> {
+        profile: &mut Profile,
+    ) -> Result<Option<FrameId>, ()> {
         let key = (executable, instr_ptr, tlbc_index);
         if let Some(hit) = self.frames.get(&key) {
             return Ok(*hit);
         }
         let Some(code) = code_from_executable(executable, self.tag_mask) else {
-            self.stats.count("bad_executable");
+            self.stats
+                .count(PyFailure::Reader(ErrorKind::BadExecutable));
             return Err(());
         };
         let before = self.process.error_counts().clone();
@@ -322,10 +298,7 @@ impl PyProc {
         // Failures are not cached: a code object being created or a racing read may succeed
         // next time, and they are rare.
         let frame = resolved.map_err(|_| ())?;
-        let value = (!is_init_shim(&frame)).then(|| table.intern(python_frame(frame)));
-        if self.frames.len() >= MAX_FRAME_KEYS {
-            self.frames.clear();
-        }
+        let value = (!is_init_shim(&frame)).then(|| profile.intern_frame(python_frame(frame)));
         self.frames.insert(key, value);
         Ok(value)
     }
@@ -338,9 +311,9 @@ impl PyProc {
         let may_read = self
             .threads_read_at
             .is_none_or(|t| now.duration_since(t) >= THREADS_EVERY);
-        match (self.thread_names.get(&tid), self.provisional.get(&tid)) {
-            (Some(n), None) => return Some(n.clone()),
-            (Some(n), Some(_)) if !may_read => return Some(n.clone()),
+        let provisional = self.provisional.contains(&tid);
+        match self.thread_names.get(&tid) {
+            Some(n) if !provisional || !may_read => return Some(n.clone()),
             _ => {}
         }
         if may_read {
@@ -349,28 +322,25 @@ impl PyProc {
             let threads = self.process.threads();
             self.stats
                 .count_reader(&before, self.process.error_counts());
-            if self.thread_names.len() >= MAX_THREAD_NAMES {
-                self.thread_names.clear();
-                self.provisional.clear();
-            }
             for t in threads.unwrap_or_default() {
                 if let (Some(host), Some(name)) = (t.host_tid, t.name) {
                     self.thread_names.insert(host, name.into());
                     self.provisional.remove(&host);
                 }
             }
-            if let Some(n) = self.thread_names.get(&tid)
-                && !self.provisional.contains_key(&tid)
+            if !self.provisional.contains(&tid)
+                && let Some(n) = self.thread_names.get(&tid)
             {
                 return Some(n.clone());
             }
         }
         let os: Arc<str> = crate::python::os_thread_name(self.process.pid(), tid)?.into();
         self.thread_names.insert(tid, os.clone());
-        let tries = self.provisional.entry(tid).or_insert(0);
-        *tries += 1;
-        if !python_thread || *tries >= NAME_TRIES {
+        let tries = self.provisional.peek(&tid).copied().unwrap_or(0) + 1;
+        if !python_thread || tries >= NAME_TRIES {
             self.provisional.remove(&tid);
+        } else {
+            self.provisional.insert(tid, tries);
         }
         Some(os)
     }
