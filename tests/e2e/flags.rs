@@ -1,7 +1,8 @@
 //! `record` flags that no other test exercises, each with an assertion that fails when the flag
 //! does nothing: `-r` (samples per second of CPU time), SIGTERM (stops and writes, like
-//! Ctrl-C), `-q` (no progress line on a terminal), `-s` (children of `-p` targets) and
-//! `--stack-size` (how much user stack `--native` copies). Runs last until the workloads had
+//! Ctrl-C), `-q` (no progress line on a terminal), `-s` (children of `-p` targets),
+//! `--stack-size` (how much user stack `--native` copies), `--ring-size` (losses counted), and
+//! flame-graph widths against the counts. Runs last until the workloads had
 //! enough CPU time while sampled, not a fixed wall-clock time (see `common::wait_cpu`).
 
 use std::collections::BTreeMap;
@@ -390,4 +391,75 @@ fn flame_graph_widths_match_the_counts() {
         got, want,
         "flame graph boxes vs collapsed stacks, per depth and name"
     );
+}
+
+/// `--ring-size`: the smallest ring `--native --stack-size 65536` accepts (512 KiB: seven
+/// samples of ~70 KiB) cannot hold 10 000 samples per second per CPU of a busy target, so
+/// samples are lost and counted; sizes that are no power of two or hold fewer than four samples
+/// are usage errors (status 2) before sampling.
+#[test]
+fn ring_size_bounds_the_ring_and_losses_are_counted() {
+    if !require_root() {
+        return;
+    }
+    let hot = start_hot();
+    let pid = hot.pid().to_string();
+    let dir = out_dir("ring-size");
+    let out = dir.join("ring.txt");
+    for (size, needle) in [
+        ("262144", "invalid --ring-size 262144"),
+        ("3000000", "invalid --ring-size 3000000"),
+    ] {
+        let o = run(pyebpf(&[
+            "record",
+            "-p",
+            &pid,
+            "--native",
+            "--stack-size",
+            "65536",
+            "--ring-size",
+            size,
+            "-d",
+            "1",
+            "-o",
+        ])
+        .arg(&out));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--ring-size {size}: {err}");
+        assert!(
+            err.starts_with(&format!("pyebpf: {needle}")),
+            "--ring-size {size}: {err}"
+        );
+        assert!(!out.exists(), "--ring-size {size} wrote a file");
+    }
+    let mut c = pyebpf(&[
+        "record",
+        "-p",
+        &pid,
+        "-r",
+        "10000",
+        "--native",
+        "--stack-size",
+        "65536",
+        "--ring-size",
+        "524288",
+        "-f",
+        "collapsed",
+        "-d",
+        "60",
+        "-o",
+    ]);
+    c.arg(&out);
+    let rec = Recorder::start(c);
+    wait_cpu(&[(&Cpu::process(hot.pid()), 1.0)], Duration::from_secs(40));
+    rec.signal(libc::SIGINT);
+    let (st, err) = rec.finish();
+    assert!(st.success(), "{st}: {err}");
+    let lost = lost_samples(&err);
+    assert!(lost > 0, "a 512 KiB ring at 10 kHz lost nothing:\n{err}");
+    assert!(
+        err.contains(&format!("lost_samples {lost}")),
+        "the errors line counts the {lost} lost samples:\n{err}"
+    );
+    assert!(count_of(&out, hot.pid()) > 0, "{err}");
 }
