@@ -156,6 +156,7 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let _ = summary.print(&mut stderr);
     let streams = streams.unwrap_or_else(|| open_streams(cfg, &profile));
     write_outputs(cfg, &profile, &timeline, streams, &mut stderr)?;
+    tracing::debug!("stop: outputs written");
     Ok(summary)
 }
 
