@@ -11,7 +11,7 @@ use crate::common::{
 };
 
 /// A fresh output directory for one test.
-fn out_dir(test: &str) -> PathBuf {
+pub(crate) fn out_dir(test: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("pyebpf-e2e-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -19,7 +19,7 @@ fn out_dir(test: &str) -> PathBuf {
 }
 
 /// Starts the C workload `hot` (main → outer → middle → hot, spinning).
-fn start_hot() -> Guard {
+pub(crate) fn start_hot() -> Guard {
     let bin = build_c("native/hot.c", &[]);
     spawn_until(
         Command::new(bin).stdout(Stdio::null()),
@@ -32,7 +32,7 @@ fn start_hot() -> Guard {
 }
 
 /// Parses folded stacks into (stack, count).
-fn parse_folded(s: &str) -> Vec<(String, u64)> {
+pub(crate) fn parse_folded(s: &str) -> Vec<(String, u64)> {
     s.lines()
         .map(|l| {
             let (stack, count) = l
@@ -49,7 +49,7 @@ fn parse_folded(s: &str) -> Vec<(String, u64)> {
 }
 
 /// Samples whose root is `… (pid)`.
-fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
+pub(crate) fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
     let suffix = format!(" ({pid})");
     folded
         .iter()
@@ -73,7 +73,7 @@ fn hot_fraction(samples: &[(String, u64)]) -> (u64, u64) {
     (good, total)
 }
 
-fn lost_samples(stderr: &str) -> u64 {
+pub(crate) fn lost_samples(stderr: &str) -> u64 {
     let line = stderr
         .lines()
         .find(|l| l.contains("lost samples:"))
