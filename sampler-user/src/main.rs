@@ -90,6 +90,10 @@ struct RecordArgs {
     /// No progress line.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Show whole Python file names (default: relative to the sys.path entry they were imported
+    /// from, as py-spy shows them; saved profiles keep both).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
     /// Under sudo, run COMMAND as root (default: as the user who ran sudo, with their groups).
     #[arg(long = "as-root")]
     as_root: bool,
@@ -187,6 +191,12 @@ struct ReportArgs {
     /// Print the rows as CSV.
     #[arg(long)]
     csv: bool,
+    /// Show whole Python file names (default: relative to their sys.path entry).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
+    /// One row per native address that has no symbol (default: one per module, `[libz.so.1]`).
+    #[arg(long)]
+    addresses: bool,
 }
 
 #[derive(Args)]
@@ -194,6 +204,9 @@ struct ScriptArgs {
     /// The saved profile.
     #[arg(value_name = "FILE")]
     file: PathBuf,
+    /// Show whole Python file names (default: relative to their sys.path entry).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
 }
 
 #[derive(Args)]
@@ -291,6 +304,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         ring_bytes: a.ring_size,
         command_as_root: a.as_root,
         progress: !a.quiet && std::io::stderr().is_terminal(),
+        full_filenames: a.full_filenames,
     };
     let cfg = RecordConfig::new(req, &pyebpf::record::timestamp_for_file_name())?;
     pyebpf::preflight::check()?;
@@ -347,6 +361,8 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         csv: a.csv,
         color: a.output.is_none() && std::io::stdout().is_terminal(),
         source: a.file.display().to_string(),
+        full_filenames: a.full_filenames,
+        addresses: a.addresses,
     };
     if format.is_none() {
         // A usage error is reported before the file is read.
@@ -354,7 +370,10 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
-    let profile = load(&a.file)?;
+    let mut profile = load(&a.file)?;
+    if a.full_filenames {
+        profile.file_names = pyebpf::profile::FileNames::Full;
+    }
     let written = match format {
         Some(format) => out.write(|w| format.render(&profile, w)),
         None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
@@ -382,7 +401,10 @@ fn load(path: &std::path::Path) -> Result<pyebpf::profile::Profile, pyebpf::save
 }
 
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let profile = load(&a.file)?;
+    let mut profile = load(&a.file)?;
+    if a.full_filenames {
+        profile.file_names = pyebpf::profile::FileNames::Full;
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     pyebpf::report::script::render(&profile, &mut out)?;

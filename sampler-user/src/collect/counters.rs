@@ -16,7 +16,7 @@ pub struct CounterTotals {
 
 /// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
 /// Python process's non-Python threads have no thread state by nature.)
-const ERROR_COUNTERS: [Counter; 12] = [
+const ERROR_COUNTERS: [Counter; 13] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -29,10 +29,11 @@ const ERROR_COUNTERS: [Counter; 12] = [
     Counter::PyThreadBudget,
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
+    Counter::PyInvalidFrames,
 ];
 
 /// Kernel counters of the in-kernel Python walk.
-const PYTHON_COUNTERS: [Counter; 8] = [
+const PYTHON_COUNTERS: [Counter; 9] = [
     Counter::PySamples,
     Counter::PyNoTstate,
     Counter::PyReadErrors,
@@ -41,6 +42,7 @@ const PYTHON_COUNTERS: [Counter; 8] = [
     Counter::PyThreadBudget,
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
+    Counter::PyInvalidFrames,
 ];
 
 impl CounterTotals {
@@ -140,7 +142,7 @@ mod tests {
         assert!(errors.iter().any(|(n, _)| *n == "py_read_errors"));
         assert!(errors.iter().all(|(n, _)| *n != "py_no_tstate"));
         let python: Vec<_> = totals.python().map(|(n, _)| n).collect();
-        assert_eq!(python.len(), 8);
+        assert_eq!(python.len(), 9);
         assert!(python.iter().all(|n| n.starts_with("py_")));
         // Every `py_*` counter is listed as a Python counter.
         let named = Counter::ALL

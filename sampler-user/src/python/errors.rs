@@ -78,6 +78,9 @@ pub enum ErrorKind {
     BadCodeObject,
     /// A cached code object changed at the same address.
     CodeCacheStale,
+    /// The code object a frame was sampled with was freed (or replaced at its address) before
+    /// it was read: the frame is named from the sample, without a line.
+    CodeFreed,
     /// `instr_ptr` was outside `[0, 2 * ob_size)` of its code object: a torn read; line -1.
     TornInstrPtr,
     /// The line table was malformed; line -1.
@@ -106,12 +109,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
         ErrorKind::BadCodeObject,
         ErrorKind::CodeCacheStale,
+        ErrorKind::CodeFreed,
         ErrorKind::TornInstrPtr,
         ErrorKind::BadLineTable,
         ErrorKind::TlbcFallback,
@@ -133,6 +137,7 @@ impl ErrorKind {
             ErrorKind::NotCode => "not_code",
             ErrorKind::BadCodeObject => "bad_code_object",
             ErrorKind::CodeCacheStale => "code_cache_stale",
+            ErrorKind::CodeFreed => "code_freed",
             ErrorKind::TornInstrPtr => "torn_instr_ptr",
             ErrorKind::BadLineTable => "bad_line_table",
             ErrorKind::TlbcFallback => "tlbc_fallback",

@@ -27,6 +27,11 @@ pub(crate) struct VersionFacts {
     pub cframe_current_frame: Option<u64>,
     pub instr: InstrKind,
     pub entry: EntryRule,
+    /// The largest valid `_PyInterpreterFrame.owner` (`enum _frameowner`; None: ≤ 3.10, no
+    /// owner).
+    pub owner_max: Option<u8>,
+    /// `f_globals` and `f_locals` of a frame (not in the debug offsets).
+    pub frame_namespaces: (u64, u64),
     pub linetable: LineTableKind,
     pub dict_keys: DictKeys,
     pub stackref_tag_mask: u64,
@@ -173,6 +178,10 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         cframe_current_frame: None,
         instr: InstrKind::InstrPtr,
         entry: EntryRule::OwnerAtLeast(3),
+        owner_max: Some(3),
+        // `f_executable`, `previous`, `f_funcobj`, then `f_globals` @24, `f_builtins`,
+        // `f_locals` @40 (3.12–3.15 `_PyInterpreterFrame`).
+        frame_namespaces: (24, 40),
         linetable: LineTableKind::Locations,
         dict_keys: DictKeys::Log2,
         stackref_tag_mask: 0,
@@ -195,6 +204,10 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         cframe_current_frame: None,
         instr: InstrKind::Lasti { unit_bytes: 1 },
         entry: EntryRule::EveryFrame,
+        owner_max: None,
+        // `PyFrameObject`: `PyObject_VAR_HEAD`, `f_back`, `f_code`, `f_builtins`, then
+        // `f_globals` @48, `f_locals` @56.
+        frame_namespaces: (48, 56),
         linetable: LineTableKind::Lnotab,
         dict_keys: DictKeys::Sized,
         long_form: LongForm::SignedSize,
@@ -230,6 +243,9 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             cframe_current_frame: Some(8),
             instr: InstrKind::PrevInstr,
             entry: EntryRule::EntryFlag,
+            owner_max: Some(2),
+            // 3.11 `_PyInterpreterFrame`: `f_func`, `f_globals` @8, `f_builtins`, `f_locals` @24.
+            frame_namespaces: (8, 24),
             long_form: LongForm::SignedSize,
             managed_dict: ManagedDict::ValuesThenDict {
                 values: -32,
@@ -264,6 +280,8 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             source: FieldSource::DebugOffsets(FIELDS_314),
             unicode_version: "16.0.0",
             stackref_tag_mask: 3,
+            // `FRAME_OWNED_BY_INTERPRETER` 3 and `FRAME_OWNED_BY_CSTACK` 4 (§3.4).
+            owner_max: Some(4),
             holds_gil: HoldsGilFact::Int(36),
             state: Some(44),
             unicode_bits: if ft {

@@ -35,6 +35,7 @@ pub mod memory;
 pub mod objects;
 mod printable_table;
 pub mod repr;
+pub mod syspath;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
@@ -335,14 +336,24 @@ impl PythonProcess {
         self.limits
     }
 
-    /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
-    pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
+    /// The absolute entries of the main interpreter's `sys.path` (see [`syspath::sys_path`]).
+    pub fn sys_path(&mut self) -> Result<Vec<String>, PyError> {
         self.mem.refresh();
+        let interp = self.main_interp()?;
         let ctx = Ctx {
             mem: &*self.mem,
             layout: &self.layout,
             target: &self.target,
         };
+        syspath::sys_path(ctx, interp).map_err(|e| PyError::Invalid {
+            what: "sys.path",
+            addr: interp,
+            detail: e.to_string(),
+        })
+    }
+
+    /// The main interpreter: the last of the list (bounded walk).
+    fn main_interp(&self) -> Result<u64, PyError> {
         let to_py = |e| PyError::from_mem(self.pid, e);
         let l = &self.layout;
         let mut interp = self
@@ -353,7 +364,6 @@ impl PythonProcess {
                     .wrapping_add(l.runtime.interpreters_head),
             )
             .map_err(to_py)?;
-        // The main interpreter is the last of the list (bounded walk).
         for _ in 0..self.limits.max_interpreters {
             match self
                 .mem
@@ -364,6 +374,18 @@ impl PythonProcess {
                 next => interp = next,
             }
         }
+        Ok(interp)
+    }
+
+    /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
+    pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
+        self.mem.refresh();
+        let interp = self.main_interp()?;
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
         Ok(!matches!(
             read_interp_gil(ctx, interp),
             Ok(InterpGil::Disabled)
@@ -447,6 +469,43 @@ impl PythonProcess {
             code_addr,
             instr_ptr,
             tlbc_index,
+        ) {
+            Ok(r) => Ok(r.frame),
+            Err(e) => {
+                self.counts.add(e.kind());
+                Err(match e {
+                    code::CodeError::Memory(m) => PyError::from_mem(self.pid, m),
+                    other => PyError::Invalid {
+                        what: "code object",
+                        addr: code_addr,
+                        detail: other.to_string(),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Resolves a frame the kernel captured with its code object's identity `id` (see
+    /// [`code::resolve_sampled`]: a code object freed since the sample is named from it).
+    pub fn resolve_sampled_frame(
+        &mut self,
+        code_addr: u64,
+        instr_ptr: u64,
+        tlbc_index: i32,
+        id: code::CodeIdentity,
+    ) -> Result<PyFrame, PyError> {
+        self.mem.refresh();
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        match code::resolve_sampled(
+            ctx,
+            &mut self.codes,
+            &mut self.counts,
+            (code_addr, instr_ptr, tlbc_index),
+            id,
         ) {
             Ok(r) => Ok(r.frame),
             Err(e) => {

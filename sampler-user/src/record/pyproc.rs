@@ -8,8 +8,10 @@
 //! [`PyStack`] — frames innermost first, entry frames kept as merge delimiters, the `__init__`
 //! shim dropped, unresolvable frames as `[unknown python frame]`.
 //! Constraints: resolution happens when the sample arrives (milliseconds after it was taken),
-//! so a process that exits later keeps its names; every failure is counted by kind in
-//! [`PyProcStats`]; caches are bounded.
+//! so a process that exits later keeps its names, and a code object freed meanwhile is
+//! recognised by the identity the kernel recorded (never named after what lives at its
+//! address now); every failure is counted by kind in [`PyProcStats`], once per sample (a
+//! sample with three unreadable frames is one `memory_read`); caches are bounded.
 
 use std::collections::BTreeMap;
 
@@ -22,12 +24,17 @@ use sampler_common::py_flags;
 use crate::collect::PyCaptured;
 use crate::merge::{EvalRanges, PyItem};
 use crate::profile::{Frame, FrameKind};
+use crate::python::code::CodeIdentity;
 use crate::python::layout::EntryRule;
+use crate::python::syspath::ShortNames;
 use crate::python::walker::code_from_executable;
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
+use sampler_common::PyFrameRecord;
 
 /// Label of a captured frame that could not be resolved.
 pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
+/// The marker below the frames of a sample whose walk stopped at an invalid frame.
+pub const INVALID_PY_FRAME: &str = "[truncated: invalid python frame]";
 /// Most cached (executable, instr_ptr, tlbc_index) keys per process (cleared when full).
 const MAX_FRAME_KEYS: usize = 1 << 16;
 /// Most cached thread names per process (cleared when full).
@@ -39,6 +46,9 @@ pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
 const THREADS_EVERY: Duration = Duration::from_millis(100);
 /// Lookups of a Python thread's `threading` name before its OS name is final.
 const NAME_TRIES: u8 = 4;
+/// How often `sys.path` is read again (a program may change it; until the first read works,
+/// file names are not shortened).
+const SYS_PATH_EVERY: Duration = Duration::from_secs(5);
 
 /// Index of a unique Python frame in the run's [`FrameTable`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,8 +85,11 @@ impl FrameTable {
 pub struct PyStack {
     /// Innermost first; entry frames as [`PyItem::Entry`].
     pub items: Vec<PyItem<PyFrameIdx>>,
-    /// The capture stopped at the frame cap or at a read error: outer frames are missing.
+    /// The capture stopped at the frame cap, at a read error or at an invalid frame: outer
+    /// frames are missing.
     pub truncated: bool,
+    /// It stopped at an invalid frame (see `py_flags::INVALID_FRAME`).
+    pub invalid: bool,
     /// The process's eval-loop ranges (for `--native`), if known.
     pub eval: Option<Arc<EvalRanges>>,
 }
@@ -102,7 +115,7 @@ pub struct PyProcStats {
     pub gil_dropped: u64,
     /// Excluded from a `--gil` run (free-threaded, GIL disabled).
     pub gil_excluded: bool,
-    /// Failures by kind.
+    /// Samples with a failure, by kind (a sample counts once per kind).
     pub errors: BTreeMap<&'static str, u64>,
 }
 
@@ -112,12 +125,12 @@ impl PyProcStats {
         *self.errors.entry(kind).or_default() += 1;
     }
 
-    /// Adds what the reader counted between `before` and `after`.
+    /// Counts once each kind the reader counted between `before` and `after` (one sample,
+    /// or one read of the thread list).
     fn count_reader(&mut self, before: &ErrorCounts, after: &ErrorCounts) {
         for k in ErrorKind::ALL {
-            let n = after.get(k).saturating_sub(before.get(k));
-            if n > 0 {
-                *self.errors.entry(k.name()).or_default() += n;
+            if after.get(k) > before.get(k) {
+                *self.errors.entry(k.name()).or_default() += 1;
             }
         }
     }
@@ -142,11 +155,24 @@ pub struct PyProc {
     /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
     /// eval-loop activation).
     has_base_frame: bool,
-    frames: FastMap<(u64, u64, i32), Option<PyFrameIdx>>,
+    /// (executable, instr_ptr, tlbc_index, code identity) → frame (`None`: the shim).
+    frames: FastMap<(u64, u64, i32, CodeIdentity), Option<PyFrameIdx>>,
     thread_names: FastMap<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
     provisional: FastMap<u32, u8>,
     threads_read_at: Option<Instant>,
+    /// The short-name rule (from `sys.path`) and when it was read.
+    short_names: Option<(ShortNames, Instant)>,
+    sys_path_tried_at: Option<Instant>,
+}
+
+/// Why a captured frame could not be resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// `f_executable` was NULL or a tagged non-pointer.
+    BadExecutable,
+    /// The reader failed (and counted why).
+    Unresolved,
 }
 
 /// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (docs/cpython-layouts.md §3.4): dropped.
@@ -154,9 +180,10 @@ fn is_init_shim(f: &PyFrame) -> bool {
     f.first_line == 0 && f.line == -1 && f.function == "__init__" && f.file == "__init__"
 }
 
-fn python_frame(f: PyFrame) -> Frame {
+fn python_frame(f: PyFrame, short_file: Option<String>) -> Frame {
     let mut frame = Frame::new(FrameKind::Python, f.function);
     frame.file = Some(f.file.into());
+    frame.short_file = short_file.map(Into::into);
     frame.line = u32::try_from(f.line).ok();
     frame
 }
@@ -184,15 +211,39 @@ impl PyProc {
             thread_names: FastMap::default(),
             provisional: FastMap::default(),
             threads_read_at: None,
+            short_names: None,
+            sys_path_tried_at: None,
         }
+    }
+
+    /// The short form of `file` (see `python::syspath`), reading `sys.path` when it is due.
+    fn short_file(&mut self, file: &str) -> Option<String> {
+        let now = Instant::now();
+        let stale = self
+            .short_names
+            .as_ref()
+            .is_none_or(|(_, at)| now.duration_since(*at) >= SYS_PATH_EVERY);
+        let due = self
+            .sys_path_tried_at
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
+        if stale && due {
+            self.sys_path_tried_at = Some(now);
+            if let Ok(path) = self.process.sys_path() {
+                let root = format!("/proc/{}/root", self.process.pid()).into();
+                self.short_names = Some((ShortNames::new(&path, Some(root)), now));
+            }
+        }
+        self.short_names.as_mut()?.0.short(file)
     }
 
     /// Resolves one captured stack.
     pub fn resolve(&mut self, cap: &PyCaptured, table: &mut FrameTable) -> PyStack {
         self.stats.samples += 1;
+        let invalid = cap.flags & py_flags::INVALID_FRAME != 0;
         let mut out = PyStack {
             items: Vec::with_capacity(cap.frames.len()),
-            truncated: cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
+            truncated: invalid || cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
+            invalid,
             eval: self.eval.clone(),
         };
         if cap.flags & py_flags::NO_TSTATE != 0 {
@@ -209,17 +260,22 @@ impl PyProc {
         if cap.flags & py_flags::READ_ERROR != 0 {
             self.stats.count("kernel_read_error");
         }
-        let mut unknown = false;
+        if invalid {
+            self.stats.count("invalid_frame");
+        }
+        let before = self.process.error_counts().clone();
+        let (mut unknown, mut bad_executable) = (false, false);
         for rec in &cap.frames {
             if matches!(self.entry, EntryRule::OwnerAtLeast(n) if rec.owner >= n) {
                 out.items.push(PyItem::Entry);
                 continue;
             }
-            match self.frame(rec.executable, rec.instr_ptr, rec.tlbc_index, table) {
+            match self.frame(rec, table) {
                 Ok(Some(i)) => out.items.push(PyItem::Frame(i)),
                 Ok(None) => {} // the `__init__` shim
-                Err(()) => {
+                Err(failure) => {
                     unknown = true;
+                    bad_executable |= failure == Failure::BadExecutable;
                     out.items.push(PyItem::Frame(
                         table.intern(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
                     ));
@@ -236,6 +292,11 @@ impl PyProc {
                 out.items.push(PyItem::Entry);
             }
         }
+        self.stats
+            .count_reader(&before, self.process.error_counts());
+        if bad_executable {
+            self.stats.count("bad_executable");
+        }
         // 3.15: a complete chain ends in the base frame right after the outermost entry frame;
         // it belongs to no activation.
         if self.has_base_frame
@@ -251,30 +312,44 @@ impl PyProc {
         out
     }
 
-    /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable.
+    /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable
+    /// (the reader counted why, unless it is [`Failure::BadExecutable`]).
     fn frame(
         &mut self,
-        executable: u64,
-        instr_ptr: u64,
-        tlbc_index: i32,
+        rec: &PyFrameRecord,
         table: &mut FrameTable,
-    ) -> Result<Option<PyFrameIdx>, ()> {
-        let key = (executable, instr_ptr, tlbc_index);
+    ) -> Result<Option<PyFrameIdx>, Failure> {
+        let id = CodeIdentity {
+            name: rec.name,
+            filename: rec.filename,
+            first_line: rec.first_line,
+            globals: rec.globals,
+        };
+        let key = (rec.executable, rec.instr_ptr, rec.tlbc_index, id);
         if let Some(hit) = self.frames.get(&key) {
             return Ok(*hit);
         }
-        let Some(code) = code_from_executable(executable, self.tag_mask) else {
-            self.stats.count("bad_executable");
-            return Err(());
+        let Some(code) = code_from_executable(rec.executable, self.tag_mask) else {
+            return Err(Failure::BadExecutable);
         };
-        let before = self.process.error_counts().clone();
-        let resolved = self.process.resolve_frame(code, instr_ptr, tlbc_index);
-        self.stats
-            .count_reader(&before, self.process.error_counts());
         // Failures are not cached: a code object being created or a racing read may succeed
         // next time, and they are rare.
-        let frame = resolved.map_err(|_| ())?;
-        let value = (!is_init_shim(&frame)).then(|| table.intern(python_frame(frame)));
+        let frame = self
+            .process
+            .resolve_sampled_frame(code, rec.instr_ptr, rec.tlbc_index, id)
+            .map_err(|e| {
+                tracing::debug!(
+                    "pid {}: frame of code {code:#x} ({id:x?}) unresolved: {e}",
+                    self.process.pid()
+                );
+                Failure::Unresolved
+            })?;
+        let value = if is_init_shim(&frame) {
+            None
+        } else {
+            let short = self.short_file(&frame.file);
+            Some(table.intern(python_frame(frame, short)))
+        };
         if self.frames.len() >= MAX_FRAME_KEYS {
             self.frames.clear();
         }

@@ -174,7 +174,12 @@ impl StackBuilder {
             self.native_scratch = native;
         } else if let Some(py) = &py {
             if py.truncated {
-                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
+                let marker = if py.invalid {
+                    super::pyproc::INVALID_PY_FRAME
+                } else {
+                    "[truncated]"
+                };
+                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, marker)));
             }
             merge::python_only(&py_items, &mut stack);
         }

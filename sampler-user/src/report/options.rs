@@ -5,7 +5,8 @@
 use std::fmt;
 
 use super::ReportOptions;
-use super::keys::SortKey;
+use super::keys::{KeyOptions, SortKey};
+use crate::profile::FileNames;
 
 /// Order of the call chains printed under each row (`-g`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +83,8 @@ pub struct Config {
     pub color: bool,
     /// Shown as the source in the header.
     pub source: String,
+    /// `--full-filenames`, `--addresses`.
+    pub key_options: KeyOptions,
 }
 
 /// A usage error of `report`. Displays as one line.
@@ -186,6 +189,14 @@ impl Config {
             style,
             color: o.color && style == Style::Text,
             source: o.source.clone(),
+            key_options: KeyOptions {
+                file_names: if o.full_filenames {
+                    FileNames::Full
+                } else {
+                    FileNames::Short
+                },
+                addresses: o.addresses,
+            },
         })
     }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use prost::Message as _;
 
 use super::{ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema};
-use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample, StackId};
+use crate::profile::{FileNames, Frame, FrameId, Profile, RunMeta, Sample, StackId};
 
 /// Largest chunk body (compressed), and largest decompressed chunk (a one-second batch of
 /// 10 kHz on 64 CPUs is about 10 MiB).
@@ -285,11 +285,12 @@ impl Builder {
                 name: self.string(f.name, &what)?,
                 module: f.module.map(|m| self.string(m, &what)).transpose()?,
                 file: f.file.map(|m| self.string(m, &what)).transpose()?,
+                short_file: f.short_file.map(|m| self.string(m, &what)).transpose()?,
                 line: f.line,
             };
             let text = frame.name.len()
                 + frame.module.as_ref().map_or(0, |m| m.len())
-                + frame.file.as_ref().map_or(0, |m| m.len())
+                + frame.display_file(FileNames::Full).map_or(0, str::len)
                 + 16;
             self.frame_text.push(text as u64);
             self.frames.push(frame);
