@@ -59,14 +59,14 @@ pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max
 #[map(name = "PY_WALK")]
 pub static PY_WALK: PerCpuArray<crate::python::ThreadWalk> = PerCpuArray::with_max_entries(1, 0);
 
-/// The frame walk's state between calls of the bounded variant's global step function
-/// (`variant::pyebpf_frame_step`); its pointer fields are unused there (set on each call).
+/// The frame walk's state between calls of the global step function
+/// (`variant::pyebpf_frame_step`, both variants).
 #[map(name = "PY_FRAME_WALK")]
 pub static PY_FRAME_WALK: PerCpuArray<crate::python::FrameWalk> =
     PerCpuArray::with_max_entries(1, 0);
 
-/// The frames of the bounded variant's walk, copied into the ring-buffer record at its end (a
-/// global function cannot write into the record).
+/// The frames of the walk, copied into the ring-buffer record at its end (a global function
+/// cannot write into the record).
 #[map(name = "PY_FRAMES")]
 pub static PY_FRAMES: PerCpuArray<[PyFrameRecord; PY_MAX_FRAMES]> =
     PerCpuArray::with_max_entries(1, 0);

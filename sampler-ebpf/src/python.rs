@@ -15,7 +15,13 @@
 //! `frame_read_bytes` (a ≤ 3.10 `PyFrameObject` up to `f_lasti`, or an `_PyInterpreterFrame`
 //! header); absent fields (`owner` before 3.11, `is_entry` but in 3.11) are recorded as 0.
 //! Frames are recorded raw (stackref tags, owners ≥ 3 and the `__init__` shim included): user
-//! space masks, filters and resolves them.
+//! space masks, filters and resolves them. Each frame is checked first (issue 17,
+//! `docs/cpython-layouts.md` §3.5): an `owner` above `owner_max`, or — for a frame that is no
+//! entry frame — a code object that is misaligned, unreadable (one more read, of
+//! `code_read_bytes`) or not of type `code_type`, is invalid: the walk stops there
+//! (`INVALID_FRAME`); with the code object's name, file name and first line and the module
+//! namespace of module-level code recorded, so that user space can tell (and name) a code
+//! object freed before it reads it.
 //!
 //! Sub-interpreters: a thread can have a thread state in several interpreters. The first match
 //! with a frame wins; a match without one (3.12's `_xxsubinterpreters` keeps a sub-interpreter's
@@ -32,7 +38,10 @@
 //! walks every iteration (the walk state below is what keeps that affordable). Each frame costs one
 //! `bpf_probe_read_user` of its header into a per-CPU scratch buffer, from which the fields are
 //! picked at the runtime offsets through masked indices (bounds the verifier can see, checked
-//! against `PyProcInfo::frame_offsets_fit` once per sample). Every failure sets a flag in the
+//! against `PyProcInfo::frame_offsets_fit` once per sample). The frame step is one global
+//! function (`variant::pyebpf_frame_step`) whose state is per-CPU `PY_FRAME_WALK` and whose
+//! frames go to per-CPU `PY_FRAMES`, copied into the record at the end: the verifier checks
+//! its branches once, whichever variant drives it. Every failure sets a flag in the
 //! capture and bumps a counter; frames read before a failure are kept. Verifier states: the
 //! thread walk keeps its state in per-CPU map memory (`PY_WALK`), which the verifier does not
 //! track, and the flags are counted without a branch on them (`count_flag`), so that paths
@@ -213,7 +222,7 @@ unsafe fn try_capture<V: Variant>(
     h.tstate = found.tstate;
     h.flags |= py_flags::CAPTURED;
     // SAFETY: forwarded from the caller.
-    unsafe { walk_frames::<V>(info, found.top, out, h) }
+    unsafe { walk_frames::<V>(info, &found, out, h) }
 }
 
 /// What identifies the sampled thread in a thread state: (the value, its offset in
@@ -484,7 +493,7 @@ fn top_frame(tstate: u64, frame_off: u32, cframe_off: u32) -> Result<u64, Stop> 
 #[inline(always)]
 unsafe fn walk_frames<V: Variant>(
     info: &PyProcInfo,
-    top: u64,
+    found: &Found,
     out: *mut PyCapture,
     h: &mut Header,
 ) -> Result<(), Stop> {
@@ -494,12 +503,11 @@ unsafe fn walk_frames<V: Variant>(
     // SAFETY: this CPU's value, valid for the program run; only this program uses it.
     let state = unsafe { &mut *state };
     *state = FrameWalk {
-        frame: top,
+        frame: found.top,
         code_type: info.code_type,
         tag_mask: u64::from(info.executable_tag_mask),
         nframes: 0,
-        read_error: 0,
-        invalid: 0,
+        flags: 0,
         exec: info.frame_executable,
         ip: info.frame_instr_ptr,
         prev: info.frame_previous,
@@ -517,6 +525,7 @@ unsafe fn walk_frames<V: Variant>(
         globals: info.frame_globals,
         locals: info.frame_locals,
         _pad: 0,
+        next: 0,
     };
     V::walk_frames();
     let count = state.nframes.min(FRAME_BUDGET as u32);
@@ -530,14 +539,9 @@ unsafe fn walk_frames<V: Variant>(
             frames.cast(),
         );
     }
-    if state.read_error != 0 {
-        return Err(Stop::Read);
-    }
-    if state.invalid != 0 {
-        h.flags |= py_flags::INVALID_FRAME;
-    } else if state.frame != 0 {
-        h.flags |= py_flags::TRUNCATED;
-    }
+    // The step set the flags (read error, invalid frame, truncated): no branch on them here,
+    // where every branch would multiply the verifier's paths through the rest of the program.
+    h.flags |= state.flags;
     Ok(())
 }
 
@@ -553,9 +557,9 @@ pub struct FrameWalk {
     tag_mask: u64,
     /// Frames written.
     pub nframes: u32,
-    pub read_error: u32,
-    /// The walk stopped at an invalid frame (not recorded).
-    pub invalid: u32,
+    /// `py_flags` the walk ended with: `READ_ERROR`, `INVALID_FRAME` (the invalid frame is
+    /// not recorded) or `TRUNCATED` (the chain goes on past the budget).
+    pub flags: u32,
     /// Frame field offsets (`PyProcInfo::frame_*`).
     exec: u32,
     ip: u32,
@@ -578,6 +582,8 @@ pub struct FrameWalk {
     globals: u32,
     locals: u32,
     _pad: u32,
+    /// The last frame read's `previous`.
+    next: u64,
 }
 
 /// One frame of the walk in `PY_FRAME_WALK`: read its header, check it, record it at `index`
@@ -597,11 +603,40 @@ pub fn frame_step(index: u64) -> i64 {
     };
     // SAFETY: this CPU's value, valid for the program run; only this program uses it.
     let walk = unsafe { &mut *walk };
-    let scratch = scratch.cast::<u64>();
-    // The index bound is for the verifier (the drivers never pass more than FRAME_BUDGET).
-    if walk.frame == 0 || index >= FRAME_BUDGET as u64 {
+    // The bounds are for the verifier (the drivers never pass more than FRAME_BUDGET).
+    let at = walk.nframes;
+    if walk.frame == 0 || index >= FRAME_BUDGET as u64 || at >= FRAME_BUDGET as u32 {
         return LOOP_STOP;
     }
+    // SAFETY: `at < FRAME_BUDGET`, the length of `PY_FRAMES`.
+    let record = unsafe { frames.cast::<PyFrameRecord>().add(at as usize) };
+    let mut stop = read_frame(walk, scratch.cast(), record);
+    if stop == LOOP_CONTINUE {
+        walk.nframes = at + 1;
+        if walk.next != walk.frame {
+            walk.frame = walk.next;
+            if walk.next != 0 && at + 1 >= FRAME_BUDGET as u32 {
+                walk.flags |= py_flags::TRUNCATED;
+            }
+            return LOOP_CONTINUE;
+        }
+        stop = STEP_INVALID;
+    }
+    walk.flags |= if stop == STEP_READ_ERROR {
+        py_flags::READ_ERROR
+    } else {
+        py_flags::INVALID_FRAME
+    };
+    stop
+}
+
+/// Reads and checks the frame at `walk.frame` and writes its record at `record`; sets
+/// `walk.next` (its `previous`). Returns
+/// `LOOP_CONTINUE`, or the step result to stop with (the record is then garbage, and not
+/// counted). Everything goes to memory as soon as it is known: the BPF stack of this call adds
+/// to its callers' (512 bytes in all).
+#[inline(always)]
+fn read_frame(walk: &mut FrameWalk, scratch: *mut u64, record: *mut PyFrameRecord) -> i64 {
     // SAFETY: the scratch value's first half holds `SCRATCH_HALF_WORDS * 8` bytes, more than
     // the masked length; the source is a target address the helper validates.
     let ret = unsafe {
@@ -612,28 +647,44 @@ pub fn frame_step(index: u64) -> i64 {
         )
     };
     if ret != 0 {
-        walk.read_error = 1;
         return STEP_READ_ERROR;
     }
     let owner = opt_byte(scratch, walk.owner);
     if walk.owner != PY_NO_OFFSET && u32::from(owner) > walk.owner_max {
-        walk.invalid = 1;
         return STEP_INVALID;
     }
+    let rec = record.cast::<u64>();
     let executable = word(scratch, walk.exec);
-    let code = if u32::from(owner) >= walk.shim_owner {
+    let shim = u32::from(owner) >= walk.shim_owner;
+    // SAFETY: `record` is a record of `PY_FRAMES` (caller); a record is six 8-aligned words.
+    unsafe {
+        rec.write(executable);
+        rec.add(1).write(word(scratch, walk.ip));
+    }
+    let first_line = if shim {
         // An entry frame: no Python code (3.13+: `f_executable` is None).
-        CodeId::default()
-    } else if let Some(code) = code_id(walk, scratch, executable & !walk.tag_mask) {
-        code
-    } else {
-        walk.invalid = 1;
-        return STEP_INVALID;
-    };
-    let tlbc_index = if walk.tlbc == PY_NO_OFFSET {
+        // SAFETY: as above.
+        unsafe {
+            rec.add(2).write(0);
+            rec.add(3).write(0);
+        }
         0
     } else {
-        int(scratch, walk.tlbc)
+        let code = executable & !walk.tag_mask;
+        if !read_code(walk, scratch, code) {
+            return STEP_INVALID;
+        }
+        // SAFETY: the second half starts inside the scratch value (`read_code`).
+        let half = unsafe { scratch.add(SCRATCH_HALF_WORDS) };
+        if walk.code_type != 0 && word(half, walk.code_ob_type) != walk.code_type {
+            return STEP_INVALID;
+        }
+        // SAFETY: as above.
+        unsafe {
+            rec.add(2).write(word(half, walk.code_name));
+            rec.add(3).write(word(half, walk.code_filename));
+        }
+        int(half, walk.code_firstlineno) as u16
     };
     // Module-level code runs with `f_locals == f_globals` (function frames: NULL locals).
     let globals = if walk.globals == PY_NO_OFFSET || walk.locals == PY_NO_OFFSET {
@@ -646,49 +697,28 @@ pub fn frame_step(index: u64) -> i64 {
             0
         }
     };
-    // SAFETY: `index < FRAME_BUDGET`, the length of `PY_FRAMES`; a record is six 8-aligned
-    // words.
+    let tlbc_index = if walk.tlbc == PY_NO_OFFSET {
+        0
+    } else {
+        int(scratch, walk.tlbc)
+    };
+    let is_entry = opt_byte(scratch, walk.is_entry);
+    // SAFETY: as above.
     unsafe {
-        let record = frames
-            .cast::<PyFrameRecord>()
-            .add(index as usize)
-            .cast::<u64>();
-        record.write(executable);
-        record.add(1).write(word(scratch, walk.ip));
-        record.add(2).write(code.name);
-        record.add(3).write(code.filename);
-        record.add(4).write(globals);
-        record.add(5).write(tail_word(
-            tlbc_index,
-            owner,
-            opt_byte(scratch, walk.is_entry),
-            code.first_line,
-        ));
+        rec.add(4).write(globals);
+        rec.add(5)
+            .write(tail_word(tlbc_index, owner, is_entry, first_line));
     }
-    walk.nframes = index as u32 + 1;
-    let previous = word(scratch, walk.prev);
-    if previous == walk.frame {
-        walk.invalid = 1;
-        return STEP_INVALID;
-    }
-    walk.frame = previous;
+    walk.next = word(scratch, walk.prev);
     LOOP_CONTINUE
 }
 
-/// What identifies a frame's code object in its record.
-#[derive(Default)]
-struct CodeId {
-    name: u64,
-    filename: u64,
-    first_line: u16,
-}
-
-/// The code object at `code` (into the scratch buffer's second half), if it is one: 8-aligned,
-/// readable, and of type `PyCode_Type` when that is known.
+/// Reads the code object at `code` into the scratch buffer's second half: false when it is
+/// NULL, misaligned or unreadable.
 #[inline(always)]
-fn code_id(walk: &FrameWalk, scratch: *mut u64, code: u64) -> Option<CodeId> {
+fn read_code(walk: &FrameWalk, scratch: *mut u64, code: u64) -> bool {
     if code == 0 || code & 7 != 0 {
-        return None;
+        return false;
     }
     // SAFETY: the second half of the scratch value holds `SCRATCH_HALF_WORDS * 8` bytes, more
     // than the masked length; the source is a target address the helper validates.
@@ -700,19 +730,7 @@ fn code_id(walk: &FrameWalk, scratch: *mut u64, code: u64) -> Option<CodeId> {
             code as *const c_void,
         )
     };
-    if ret != 0 {
-        return None;
-    }
-    // SAFETY: the second half starts inside the scratch value (see above).
-    let half = unsafe { scratch.add(SCRATCH_HALF_WORDS) };
-    if walk.code_type != 0 && word(half, walk.code_ob_type) != walk.code_type {
-        return None;
-    }
-    Some(CodeId {
-        name: word(half, walk.code_name),
-        filename: word(half, walk.code_filename),
-        first_line: int(half, walk.code_firstlineno) as u16,
-    })
+    ret == 0
 }
 
 /// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4),

@@ -26,7 +26,7 @@
 use core::ffi::c_void;
 
 use crate::{
-    maps::{PY_WALK, config},
+    maps::{PY_SCRATCH, PY_WALK, SCRATCH_HALF_WORDS, config},
     python::{FRAME_BUDGET, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step},
 };
 use aya_ebpf::{
@@ -44,7 +44,7 @@ pub trait Variant {
     fn walk_frames();
     /// The current task's saved user registers (the frame at the top of its kernel stack),
     /// read when the sample interrupted kernel mode.
-    fn saved_user_regs() -> Result<pt_regs, ()>;
+    fn saved_user_regs() -> Result<SavedRegs, ()>;
 }
 
 /// Kernel ≥ 5.17: `bpf_loop` and `bpf_task_pt_regs`.
@@ -84,14 +84,14 @@ impl Variant for Modern {
     }
 
     #[inline(always)]
-    fn saved_user_regs() -> Result<pt_regs, ()> {
+    fn saved_user_regs() -> Result<SavedRegs, ()> {
         // SAFETY: both helpers take/return kernel pointers checked by the verifier; the frame
         // is read with bpf_probe_read_kernel, which tolerates any address.
-        unsafe {
+        let regs = unsafe {
             let task = generated::bpf_get_current_task_btf();
-            let regs = generated::bpf_task_pt_regs(task) as *const pt_regs;
-            bpf_probe_read_kernel(regs).map_err(|_| ())
-        }
+            generated::bpf_task_pt_regs(task) as u64
+        };
+        read_saved_regs(regs)
     }
 }
 
@@ -123,20 +123,66 @@ impl Variant for Bounded {
     }
 
     #[inline(always)]
-    fn saved_user_regs() -> Result<pt_regs, ()> {
+    fn saved_user_regs() -> Result<SavedRegs, ()> {
         let offset = config().task_stack_offset;
         if offset == 0 {
             return Err(());
         }
         // SAFETY: the task pointer is only used as an address for bpf_probe_read_kernel,
         // which tolerates any address.
-        unsafe {
+        let stack = unsafe {
             let task = generated::bpf_get_current_task();
-            let stack =
-                bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?;
-            let regs = stack + THREAD_SIZE - size_of::<pt_regs>() as u64;
-            bpf_probe_read_kernel(regs as *const pt_regs).map_err(|_| ())
-        }
+            bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?
+        };
+        read_saved_regs(stack + THREAD_SIZE - size_of::<pt_regs>() as u64)
+    }
+}
+
+/// The user registers the sampler needs from a saved `pt_regs`.
+pub struct SavedRegs {
+    pub ip: u64,
+    pub cs: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// `rip`, `cs`, `rsp` and `rbp` of the `pt_regs` at `regs`: one read of `rbp`..`rsp` (128
+/// bytes) into the per-CPU scratch buffer (the Python walk uses it later), never onto the BPF
+/// stack, which the program and the walk's calls share (512 bytes; 6.1 counts each frame
+/// rounded up to 32), and one branch, not one per field (each is a path the verifier follows
+/// through the rest of the program).
+#[inline(always)]
+fn read_saved_regs(regs: u64) -> Result<SavedRegs, ()> {
+    const FROM: usize = core::mem::offset_of!(pt_regs, rbp);
+    const WORDS: usize = (core::mem::offset_of!(pt_regs, rsp) + 8 - FROM) / 8;
+    const fn at(offset: usize) -> usize {
+        (offset - FROM) / 8
+    }
+    const _: () = assert!(WORDS <= SCRATCH_HALF_WORDS);
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return Err(());
+    };
+    let w = scratch.cast::<u64>();
+    // SAFETY: the scratch value holds more than WORDS words; bpf_probe_read_kernel tolerates
+    // any source address (a fault is an error).
+    let ret = unsafe {
+        generated::bpf_probe_read_kernel(
+            w.cast(),
+            (WORDS * 8) as u32,
+            (regs + FROM as u64) as *const c_void,
+        )
+    };
+    if ret != 0 {
+        return Err(());
+    }
+    // SAFETY: every index is below WORDS.
+    unsafe {
+        Ok(SavedRegs {
+            ip: *w.add(at(core::mem::offset_of!(pt_regs, rip))),
+            cs: *w.add(at(core::mem::offset_of!(pt_regs, cs))),
+            sp: *w.add(at(core::mem::offset_of!(pt_regs, rsp))),
+            bp: *w.add(at(FROM)),
+        })
     }
 }
 

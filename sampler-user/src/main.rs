@@ -140,6 +140,11 @@ struct DumpArgs {
     /// stopped in turn, for the time it takes to copy its registers and stack.
     #[arg(short = 'n', long)]
     native: bool,
+    /// Stop each thread in turn while its Python stack is read (ptrace): a consistent stack
+    /// even for a thread that is running (without it, a stack that changes while it is read
+    /// is read again, and shown as torn if it keeps changing).
+    #[arg(long, conflicts_with = "core")]
+    pause: bool,
 }
 
 #[derive(Args)]
@@ -330,6 +335,7 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         }),
         native: a.native,
+        pause: a.pause,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -21,6 +21,9 @@
 //! - `subinterp`: the main interpreter's thread and a sub-interpreter's thread spinning at once
 //!   on 3.12, 3.13 and 3.14 → each thread's samples end in its own function (also with `--gil`).
 //!
+//! - `views` (issue 17): no junk samples in ten recordings of sympy on 3.12 and 3.13, short
+//!   file names, skipped processes named.
+//!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
 //! ready file once its threads sit on their spinning lines (see `pyrecord/support.rs`).
 
@@ -33,3 +36,4 @@ mod native;
 mod stacks;
 mod subinterp;
 pub(crate) mod support;
+mod views;

@@ -64,7 +64,17 @@ fn rendering_the_saved_file_equals_writing_directly_3_13() {
     let w = Workload::start(&interp, "rec_spin.py", &[], &[]);
     let dir = OutDir::new("saved");
     let pid = w.pid.to_string();
-    let mut args = vec!["record", "-p", &pid, "-t", "-d", "3", "-o", "run.pyebpf"];
+    let mut args = vec![
+        "record",
+        "--full-filenames",
+        "-p",
+        &pid,
+        "-t",
+        "-d",
+        "3",
+        "-o",
+        "run.pyebpf",
+    ];
     for (_, file) in RENDERED {
         args.extend(["-o", file]);
     }

@@ -15,6 +15,7 @@ mod bench;
 mod install;
 mod interpreters;
 mod printable;
+mod realworld;
 mod rust;
 mod setup;
 mod sh;

@@ -89,6 +89,8 @@ pub enum ErrorKind {
     TlbcFallback,
     /// A frame chain looped.
     FrameLoop,
+    /// A frame's `owner` is no value CPython uses: the chain was read while it changed.
+    NotAFrame,
     /// A stack was cut at the depth cap.
     DepthTruncated,
     /// More threads (or interpreters) than the caps; the rest were not read.
@@ -109,7 +111,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
@@ -120,6 +122,7 @@ impl ErrorKind {
         ErrorKind::BadLineTable,
         ErrorKind::TlbcFallback,
         ErrorKind::FrameLoop,
+        ErrorKind::NotAFrame,
         ErrorKind::DepthTruncated,
         ErrorKind::TooManyThreads,
         ErrorKind::BadThreadList,
@@ -142,6 +145,7 @@ impl ErrorKind {
             ErrorKind::BadLineTable => "bad_line_table",
             ErrorKind::TlbcFallback => "tlbc_fallback",
             ErrorKind::FrameLoop => "frame_loop",
+            ErrorKind::NotAFrame => "not_a_frame",
             ErrorKind::DepthTruncated => "depth_truncated",
             ErrorKind::TooManyThreads => "too_many_threads",
             ErrorKind::BadThreadList => "bad_thread_list",

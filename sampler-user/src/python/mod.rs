@@ -436,6 +436,38 @@ impl PythonProcess {
         Ok(threads)
     }
 
+    /// `threading` names of the threads that have one, by native thread id (in the target's
+    /// pid namespace): thread lists and `threading._active` only, no frames (see
+    /// [`walker::thread_ids`]). Best effort: an interpreter whose names cannot be read (they
+    /// change while threads start and end) gives none; nothing is counted.
+    pub fn thread_names(&mut self) -> Result<HashMap<u64, String>, PyError> {
+        self.mem.refresh();
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        let limits = self.limits;
+        let mut out = HashMap::new();
+        for (interp, ids) in walker::thread_ids(ctx, self.detected.runtime_addr, limits)? {
+            let mut names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
+            for _ in 0..2 {
+                if names.is_ok() {
+                    break;
+                }
+                ctx.mem.refresh();
+                names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
+            }
+            let Ok(names) = names else { continue };
+            for (native, thread_id) in ids {
+                if let Some(n) = names.get(&thread_id) {
+                    out.entry(native).or_insert_with(|| n.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// One thread's frames (and locals, if the limits ask), read afresh from its thread state
     /// (e.g. while `dump --native` holds the thread stopped).
     pub fn thread_frames(&mut self, tstate: u64) -> Result<walker::WalkedFrames, PyError> {

@@ -44,6 +44,9 @@ const MAX_THREAD_NAMES: usize = 4096;
 pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
 /// Least time between two thread-list reads of one process (for names of new threads).
 const THREADS_EVERY: Duration = Duration::from_millis(100);
+/// Least time between two reads when a Python thread without a known name shows up: a
+/// thread-per-request server's threads live for one request.
+const UNKNOWN_THREAD_EVERY: Duration = Duration::from_millis(5);
 /// Lookups of a Python thread's `threading` name before its OS name is final.
 const NAME_TRIES: u8 = 4;
 /// How often `sys.path` is read again (a program may change it; until the first read works,
@@ -164,6 +167,8 @@ pub struct PyProc {
     /// The short-name rule (from `sys.path`) and when it was read.
     short_names: Option<(ShortNames, Instant)>,
     sys_path_tried_at: Option<Instant>,
+    /// Whether the target shares our pid namespace (known after the first name lookup).
+    own_pidns: Option<bool>,
 }
 
 /// Why a captured frame could not be resolved.
@@ -213,6 +218,7 @@ impl PyProc {
             threads_read_at: None,
             short_names: None,
             sys_path_tried_at: None,
+            own_pidns: None,
         }
     }
 
@@ -358,32 +364,43 @@ impl PyProc {
     }
 
     /// The `threading` name of host thread `tid`, else its OS name. `python_thread` says
-    /// whether the sample showed it running Python: then a name not found in `threading` yet
-    /// (a thread that just started) is looked up again a few times.
+    /// whether the sample showed it running Python: then a name not known yet (a thread that
+    /// just started, e.g. one per request) is looked up at once — every [`UNKNOWN_THREAD_EVERY`]
+    /// at most — and again a few times while it only has its OS name. Lookups read thread
+    /// lists and `threading._active` only; their failures (threads come and go while they
+    /// read) are not sample errors and are not counted.
     pub fn thread_name(&mut self, tid: u32, python_thread: bool) -> Option<Arc<str>> {
         let now = Instant::now();
-        let may_read = self
-            .threads_read_at
-            .is_none_or(|t| now.duration_since(t) >= THREADS_EVERY);
-        match (self.thread_names.get(&tid), self.provisional.get(&tid)) {
-            (Some(n), None) => return Some(n.clone()),
-            (Some(n), Some(_)) if !may_read => return Some(n.clone()),
+        let since = self.threads_read_at.map(|t| now.duration_since(t));
+        let known = self.thread_names.get(&tid).cloned();
+        let provisional = self.provisional.contains_key(&tid);
+        let every = if known.is_none() && python_thread {
+            UNKNOWN_THREAD_EVERY
+        } else {
+            THREADS_EVERY
+        };
+        let may_read = since.is_none_or(|s| s >= every);
+        match known {
+            Some(n) if !provisional || !may_read => return Some(n),
             _ => {}
         }
         if may_read {
             self.threads_read_at = Some(now);
-            let before = self.process.error_counts().clone();
-            let threads = self.process.threads();
-            self.stats
-                .count_reader(&before, self.process.error_counts());
             if self.thread_names.len() >= MAX_THREAD_NAMES {
                 self.thread_names.clear();
                 self.provisional.clear();
             }
-            for t in threads.unwrap_or_default() {
-                if let (Some(host), Some(name)) = (t.host_tid, t.name) {
-                    self.thread_names.insert(host, name.into());
-                    self.provisional.remove(&host);
+            if let Ok(names) = self.process.thread_names() {
+                let map = self.host_tid_map(!names.is_empty());
+                for (native, name) in names {
+                    let host = u32::try_from(native).ok().and_then(|n| match &map {
+                        None => Some(n),
+                        Some(m) => m.get(&n).copied(),
+                    });
+                    if let Some(h) = host {
+                        self.thread_names.insert(h, name.into());
+                        self.provisional.remove(&h);
+                    }
                 }
             }
             if let Some(n) = self.thread_names.get(&tid)
@@ -400,5 +417,16 @@ impl PyProc {
             self.provisional.remove(&tid);
         }
         Some(os)
+    }
+
+    /// Native thread id (the target's pid namespace) → host tid: `None` when they are the
+    /// same (the target shares our pid namespace), else the map from `/proc/PID/task/*/status`
+    /// (read only then, and only when `needed`).
+    fn host_tid_map(&mut self, needed: bool) -> Option<std::collections::HashMap<u32, u32>> {
+        let pid = self.process.pid();
+        let own = *self.own_pidns.get_or_insert_with(|| {
+            crate::python::kernel::pid_namespace(pid).is_ok_and(|ns| ns == (0, 0))
+        });
+        (!own && needed).then(|| crate::python::host_tid_map(pid))
     }
 }

@@ -78,6 +78,8 @@ pub struct StageReport {
     pub overflow: Option<PyProcStats>,
     /// Attach failures and stage-level failures by kind.
     pub errors: Vec<(&'static str, u64)>,
+    /// The processes whose attach failed (not Python aside), by pid.
+    pub skipped: Vec<super::pytrack::Skipped>,
     /// Samples handled, and the time spent on them.
     pub samples: u64,
     /// Total time spent per sample in this stage.
@@ -247,11 +249,13 @@ impl Stage {
             .collect();
         errors.extend(self.errors.iter().map(|(k, v)| (*k, *v)));
         let (samples, busy) = (self.samples, self.busy);
+        let skipped = self.tracker.skipped();
         let (procs, overflow) = self.tracker.finish();
         StageReport {
             procs,
             overflow,
             errors,
+            skipped,
             samples,
             busy,
         }

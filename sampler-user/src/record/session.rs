@@ -421,6 +421,7 @@ fn summarize(
         })
         .collect();
     summary.python_overflow = report.overflow;
+    summary.skipped = report.skipped;
     summary.program.clone_from(&finished.program);
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some([(report.samples, report.busy), b.built]);

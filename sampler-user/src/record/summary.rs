@@ -15,6 +15,8 @@ use super::pyproc::PyProcStats;
 
 /// Most Python processes listed one per line; the rest are summed in one line.
 const MAX_PROC_LINES: usize = 50;
+/// Most skipped processes listed one per line; the rest are counted in one line.
+const MAX_SKIPPED_LINES: usize = 50;
 
 /// One Python process in the summary.
 #[derive(Clone, Debug)]
@@ -50,6 +52,8 @@ pub struct RecordSummary {
     pub python: Vec<PyProcLine>,
     /// Python processes beyond the per-process bound of the stage, summed.
     pub python_overflow: Option<PyProcStats>,
+    /// Processes that looked like Python but could not be profiled.
+    pub skipped: Vec<super::pytrack::Skipped>,
     /// The eBPF sampling program's statistics.
     pub program: Option<ProgramStats>,
     /// User-space cost: (samples, time) of the Python stage and of the stack builder.
@@ -72,6 +76,7 @@ impl RecordSummary {
             cpus: p.meta.cpus,
             python: Vec::new(),
             python_overflow: None,
+            skipped: Vec::new(),
             program: None,
             user_cost: None,
             command_status: None,
@@ -130,6 +135,22 @@ impl RecordSummary {
                 w,
                 "pyebpf: python (other processes) {}",
                 proc_line(None, &rest, rest_mismatches)
+            )?;
+        }
+        for s in self.skipped.iter().take(MAX_SKIPPED_LINES) {
+            writeln!(
+                w,
+                "pyebpf: skipped {} ({}): {}",
+                crate::printable::printable(&s.comm),
+                s.pid,
+                crate::printable::printable(&s.reason)
+            )?;
+        }
+        if self.skipped.len() > MAX_SKIPPED_LINES {
+            writeln!(
+                w,
+                "pyebpf: skipped {} more processes",
+                self.skipped.len() - MAX_SKIPPED_LINES
             )?;
         }
         if let Some(p) = &self.program {
@@ -283,6 +304,7 @@ mod tests {
             cpus: 2,
             python: Vec::new(),
             python_overflow: None,
+            skipped: Vec::new(),
             program: None,
             user_cost: None,
             command_status: None,
@@ -335,6 +357,11 @@ mod tests {
                 },
             ],
             python_overflow: None,
+            skipped: vec![super::super::pytrack::Skipped {
+                pid: 77,
+                comm: "py\x1b[2Jold".into(),
+                reason: "unsupported CPython 3.7".into(),
+            }],
             program: Some(ProgramStats {
                 variant: "bounded (this kernel lacks bpf_loop (Linux 5.17))".into(),
                 run_time_ns: Some(1_500_000),
@@ -353,6 +380,10 @@ mod tests {
         assert!(
             t.contains("pyebpf: the command exited with status 3\n"),
             "{t}"
+        );
+        assert!(
+            t.contains("pyebpf: skipped py?[2Jold (77): unsupported CPython 3.7\n"),
+            "skipped processes are named, printable: {t}"
         );
         let line = t.lines().find(|l| l.contains("(42)")).unwrap();
         for want in [
