@@ -27,6 +27,9 @@ pub mod maps {
     pub const PY_PROCS: &str = "PY_PROCS";
     /// `LruHashMap<u32 host tid, u64 tstate address>`: thread-state cache, validated on use.
     pub const PY_TSTATES: &str = "PY_TSTATES";
+    /// `HashMap<u32 host tid, OffCpuRecord>`: with `--idle`, the capture of each target
+    /// thread taken at its last switch-out ([`super::OffCpuInfo::t_out`] 0: on a CPU now).
+    pub const OFFCPU: &str = "OFFCPU";
     /// `PerCpuArray<[u64; 16]>` (one entry): the kernel walk's frame-header scratch buffer.
     /// Kernel-internal; user space never touches it.
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
@@ -43,14 +46,24 @@ pub mod programs {
     /// The same program for kernels without `bpf_loop` (bounded loops); user space loads one
     /// of the two.
     pub const SAMPLE_BOUNDED: &str = "pyebpf_sample_bounded";
-    /// `sched/sched_process_exec` tracepoint.
+    /// `sched_process_exec` raw tracepoint. (Raw tracepoints, not perf-event ones: closing a
+    /// perf-event tracepoint waits for RCU grace periods, 80–100 ms each at the end of a run.)
     pub const EXEC: &str = "pyebpf_exec";
-    /// `sched/sched_process_exit` tracepoint.
+    /// `sched_process_exit` raw tracepoint.
     pub const EXIT: &str = "pyebpf_exit";
-    /// `task/task_newtask` tracepoint: follows children of target pids. (Not
-    /// `sched_process_fork`: that also fires for new threads and its record cannot tell them
-    /// apart; `task_newtask` carries `clone_flags`.)
+    /// `task_newtask` raw tracepoint: follows children of target pids (the child's pid read
+    /// at `Config::task_pid_offset`). (Not `sched_process_fork`: that also fires for new
+    /// threads and cannot tell them apart; `task_newtask` carries `clone_flags`.)
     pub const FORK: &str = "pyebpf_fork";
+    /// The same on the `task/task_newtask` perf-event tracepoint, for kernels without BTF (the
+    /// child's pid from the record at `Config::fork_pid_offset`).
+    pub const FORK_TRACEPOINT: &str = "pyebpf_fork_tracepoint";
+    /// `sched_switch` BTF tracepoint (`--idle`): off-CPU captures, kernel ≥ 5.17 (`bpf_loop`).
+    pub const SWITCH: &str = "pyebpf_switch";
+    /// The same for kernels without `bpf_loop` (bounded loops).
+    pub const SWITCH_BOUNDED: &str = "pyebpf_switch_bounded";
+    /// `sched_wakeup` BTF tracepoint (`--idle`): when an off-CPU target thread became runnable.
+    pub const WAKEUP: &str = "pyebpf_wakeup";
 }
 
 /// Number of entries in the kernel stack-trace map.
@@ -59,6 +72,9 @@ pub const KERNEL_STACKS_ENTRIES: u32 = 16 * 1024;
 pub const KERNEL_STACK_DEPTH: usize = 127;
 /// Maximum number of pids in [`maps::TARGET_PIDS`].
 pub const TARGET_PIDS_ENTRIES: u32 = 4096;
+/// Entries of [`maps::OFFCPU`] with `--idle` (1 otherwise): target threads followed off-CPU at
+/// once. Preallocated: about 6.3 KiB each (26 MiB of kernel memory in all).
+pub const OFFCPU_ENTRIES: u32 = 4096;
 /// Default ring buffer size in bytes (power of two multiple of the page size).
 pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
 
@@ -86,7 +102,7 @@ pub const CLONE_THREAD: u64 = 0x0001_0000;
 pub struct Config {
     /// 1: sample only pids in `TARGET_PIDS`; 0: every process but the idle task.
     pub filter_pids: u32,
-    /// 1: `sched_process_fork` adds children of target pids to `TARGET_PIDS`.
+    /// 1: the fork program (`task_newtask`) adds children of target pids to `TARGET_PIDS`.
     pub follow_children: u32,
     /// 0: no user stack copy; otherwise one of [`STACK_SIZE_CLASSES`].
     pub stack_bytes: u32,
@@ -107,10 +123,23 @@ pub struct Config {
     /// Byte offset of `stack` in the kernel's `task_struct` (from its BTF), for the
     /// `pyebpf_sample_bounded` variant; 0 when unknown.
     pub task_stack_offset: u32,
-    /// Explicit padding to a multiple of 8 bytes.
+    /// 1: `--idle` (the `sched_switch`/`sched_wakeup` programs record off-CPU intervals).
+    pub offcpu: u32,
+    /// Byte offset of `pid` (the thread id) in `task_struct`, from the kernel's BTF.
+    pub task_pid_offset: u32,
+    /// Byte offset of the task's state word in `task_struct` (`__state`, Linux 5.14+; `state`
+    /// before), from the kernel's BTF.
+    pub task_state_offset: u32,
+    /// 1: the `sched_switch` tracepoint passes `prev_state` as its fourth argument (Linux
+    /// 5.18+; read from the state word otherwise).
+    pub switch_prev_state: u32,
+    /// Explicit padding.
     pub pad: u32,
+    /// Off-CPU sampling period in ns (`1e9 / rate`): an off-CPU interval weighs as many samples
+    /// as multiples of it fall inside (see [`OffCpuInfo`]).
+    pub offcpu_period_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 40);
+const _: () = assert!(core::mem::size_of::<Config>() == 64);
 
 /// Maximum Python frames captured per sample; deeper stacks are marked truncated.
 pub const PY_MAX_FRAMES: usize = 256;
@@ -207,8 +236,10 @@ pub struct PyProcInfo {
     /// `_gil_runtime_state.enabled` (int, free-threaded builds), relative to the GIL struct;
     /// else `PY_NO_OFFSET`.
     pub gil_enabled: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// Bytes of the `_gil_runtime_state` struct (its mutexes and condition variables
+    /// included): a thread blocked in `futex` on an address inside it waits for the GIL. 0
+    /// when unknown.
+    pub gil_size: u32,
     /// `_PyStackRef` tag bits of `f_executable` (3.14+: 3), masked off before it is read as a
     /// code object pointer; 0 before.
     pub executable_tag_mask: u32,
@@ -376,7 +407,71 @@ pub mod event_kind {
     pub const EXIT: u32 = 3;
     /// [`super::ProcEvent`]: a target process forked a child that is now a target too.
     pub const FORK: u32 = 4;
+    /// An off-CPU interval of a target thread (`--idle`): a [`super::SampleEvent`] taken at
+    /// its switch-out, then an [`super::OffCpuInfo`], then the stack bytes and the Python
+    /// capture as in a sample (`super::OffCpuRecord`).
+    pub const OFFCPU: u32 = 5;
 }
+
+/// Flags of an [`OffCpuInfo`].
+pub mod offcpu_flags {
+    /// The switch-out was involuntary (`sched_switch`'s `preempt`): the thread stayed
+    /// runnable.
+    pub const PREEMPT: u32 = 1 << 0;
+    /// The thread was blocked in `futex` on an address inside its interpreter's GIL struct:
+    /// waiting for the GIL (or, having dropped it on request, for the next holder to take it).
+    pub const GIL_WAIT: u32 = 1 << 1;
+    /// Written by user space for a thread already off-CPU when it was first seen (its Python
+    /// capture is empty: user space read the stack itself).
+    pub const SEEDED: u32 = 1 << 2;
+    /// `syscall` holds the system call the thread was in at its switch-out.
+    pub const IN_SYSCALL: u32 = 1 << 3;
+}
+
+/// An off-CPU interval: from the switch-out (`t_out`) to the switch-in (`t_in`), with the
+/// wake-up in between when there was one. Times are `bpf_ktime_get_ns()`.
+///
+/// Weight: the interval stands for the number of multiples of `Config::offcpu_period_ns`
+/// in `(t_out, t_in]` (`t_in / P - t_out / P`): over many intervals that is the off-CPU time
+/// times the rate, and an interval without one is never sent. `(t_out, t_wake]` is spent in
+/// the state of the switch-out, `(t_wake, t_in]` runnable (woken, waiting for a CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuInfo {
+    /// Switch-out time; 0 in `OFFCPU` while the thread is on a CPU.
+    pub t_out: u64,
+    /// `sched_wakeup` time (0: none: preempted, yielded, or not woken yet).
+    pub t_wake: u64,
+    /// Switch-in time (0 while off-CPU; user space sets the end of the run for a flush).
+    pub t_in: u64,
+    /// The system call number (`orig_ax`) when [`offcpu_flags::IN_SYSCALL`]; else 0.
+    pub syscall: u64,
+    /// The task's state word at the switch-out (`TASK_INTERRUPTIBLE` 1,
+    /// `TASK_UNINTERRUPTIBLE` 2, …; 0 when runnable).
+    pub task_state: u32,
+    /// [`offcpu_flags`].
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<OffCpuInfo>() == 40);
+
+/// One `OFFCPU` map value, and the ring-buffer record sent at the switch-in (kind
+/// [`event_kind::OFFCPU`]; no stack copy: `event.stack_cap == 0`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuRecord {
+    /// The switch-out as a sample (time, pid, tid, CPU, comm, kernel stack id, registers).
+    pub event: SampleEvent,
+    /// The interval.
+    pub off: OffCpuInfo,
+    /// The Python capture at the switch-out (`event.py_cap` says whether it is valid).
+    pub py: PyCapture,
+}
+const _: () = assert!(
+    core::mem::size_of::<OffCpuRecord>()
+        == core::mem::size_of::<SampleEvent>()
+            + core::mem::size_of::<OffCpuInfo>()
+            + core::mem::size_of::<PyCapture>()
+);
 
 /// First field of every event in the ring buffer.
 #[repr(C)]
@@ -514,13 +609,24 @@ pub enum Counter {
     PyBadProcInfo = 18,
     /// `bpf_get_ns_current_pid_tgid` failed for the entry's pid namespace.
     PyPidNsErrors = 19,
+    /// Switch-outs of target Python threads captured (`--idle`).
+    OffCpuSwitches = 20,
+    /// Off-CPU intervals sent (each weighs at least one sample).
+    OffCpuSent = 21,
+    /// Off-CPU intervals too short to hold a sampling instant (nothing sent: not an error).
+    OffCpuShort = 22,
+    /// Off-CPU intervals lost: the ring buffer had no room (their weight is added to
+    /// `LostSamples`).
+    OffCpuLost = 23,
+    /// Target threads not followed off-CPU: `OFFCPU` was full.
+    OffCpuMapFull = 24,
     /// Python-process samples whose walk stopped at an invalid frame
     /// (`py_flags::INVALID_FRAME`).
-    PyInvalidFrames = 20,
+    PyInvalidFrames = 25,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 21;
+pub const COUNTERS_LEN: u32 = 26;
 
 impl Counter {
     /// Every counter, in index order.
@@ -545,6 +651,11 @@ impl Counter {
         Counter::PyThreadBudget,
         Counter::PyBadProcInfo,
         Counter::PyPidNsErrors,
+        Counter::OffCpuSwitches,
+        Counter::OffCpuSent,
+        Counter::OffCpuShort,
+        Counter::OffCpuLost,
+        Counter::OffCpuMapFull,
         Counter::PyInvalidFrames,
     ];
 
@@ -572,6 +683,11 @@ impl Counter {
             Counter::PyThreadBudget => "py_thread_budget",
             Counter::PyBadProcInfo => "py_bad_proc_info",
             Counter::PyPidNsErrors => "py_pidns_errors",
+            Counter::OffCpuSwitches => "offcpu_switches",
+            Counter::OffCpuSent => "offcpu_sent",
+            Counter::OffCpuShort => "offcpu_short",
+            Counter::OffCpuLost => "offcpu_lost",
+            Counter::OffCpuMapFull => "offcpu_map_full",
             Counter::PyInvalidFrames => "py_invalid_frames",
         }
     }
@@ -589,6 +705,8 @@ mod pod {
     unsafe impl aya::Pod for super::PyProcInfo {}
     unsafe impl aya::Pod for super::PyFrameRecord {}
     unsafe impl aya::Pod for super::PyCapture {}
+    unsafe impl aya::Pod for super::OffCpuInfo {}
+    unsafe impl aya::Pod for super::OffCpuRecord {}
 }
 
 /// Decode a `T` from the start of `bytes` (user side). `None` if too short.
@@ -691,9 +809,14 @@ mod tests {
             fork_flags_offset: FORK_FLAGS_OFFSET_DEFAULT,
             wakeup_bytes: 1 << 20,
             task_stack_offset: 40,
+            offcpu: 1,
+            task_pid_offset: 2000,
+            task_state_offset: 24,
+            switch_prev_state: 1,
             pad: 0,
+            offcpu_period_ns: 10_101_010,
         };
-        assert_eq!(encode(&cfg).len(), 40);
+        assert_eq!(encode(&cfg).len(), 64);
         assert_eq!(decode::<Config>(encode(&cfg)), Some(cfg));
     }
 
@@ -910,7 +1033,7 @@ mod tests {
             gil_locked: 8,
             gil_holder: 0,
             gil_enabled: PY_NO_OFFSET,
-            _pad: 0,
+            gil_size: 208,
             code_type: 0x9a_0000,
             executable_tag_mask: 3,
             code_ob_type: 8,
@@ -967,6 +1090,48 @@ mod tests {
         assert_eq!(bytes[f1 + 44], 3, "owner of frame 1");
         assert_eq!(bytes[f1 + 45], 1, "is_entry of frame 1");
         assert_eq!(&bytes[f1 + 46..f1 + 48], &0xbeefu16.to_le_bytes());
+    }
+
+    #[test]
+    fn offcpu_record_round_trips_and_is_laid_out_as_decoded() {
+        let rec = OffCpuRecord {
+            event: SampleEvent {
+                header: EventHeader {
+                    kind: event_kind::OFFCPU,
+                    flags: sample_flags::REGS_FROM_TASK,
+                },
+                time_ns: 5,
+                pid: 7,
+                tid: 8,
+                py_cap: core::mem::size_of::<PyCapture>() as u32,
+                ..SampleEvent::default()
+            },
+            off: OffCpuInfo {
+                t_out: 5,
+                t_wake: 6,
+                t_in: 9,
+                syscall: 202,
+                task_state: 1,
+                flags: offcpu_flags::GIL_WAIT | offcpu_flags::IN_SYSCALL,
+            },
+            py: PyCapture {
+                tstate: 3,
+                gil_holder: 4,
+                gil_locked: 1,
+                gil_enabled: -1,
+                nframes: 0,
+                flags: py_flags::CAPTURED,
+                frames: [PyFrameRecord::default(); PY_MAX_FRAMES],
+            },
+        };
+        let bytes = encode(&rec);
+        assert_eq!(bytes.len(), 96 + 40 + 32 + 24 * PY_MAX_FRAMES);
+        let back = decode::<OffCpuRecord>(bytes).unwrap();
+        assert_eq!((back.event, back.off), (rec.event, rec.off));
+        // The interval right after the sample header, the capture right after it.
+        assert_eq!(decode::<OffCpuInfo>(&bytes[96..]), Some(rec.off));
+        assert_eq!(u64::from_le_bytes(bytes[136..144].try_into().unwrap()), 3);
+        assert_eq!(decode::<OffCpuInfo>(&bytes[96..135]), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! pyebpf's eBPF object: one CPU-clock sampler (with the in-kernel Python walk) in two variants
-//! (`variant.rs`: user space loads the one the kernel supports) and three process life-cycle
-//! tracepoints.
+//! (`variant.rs`: user space loads the one the kernel supports), three process life-cycle
+//! tracepoints, and for `--idle` the off-CPU programs (`offcpu.rs`: `sched_switch` in the same
+//! two variants, `sched_wakeup`).
 //!
 //! Owns: the programs named in `sampler_common::programs` and the maps named in
 //! `sampler_common::maps`. Input: perf-event and tracepoint contexts plus the `CONFIG` global
@@ -26,6 +27,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod offcpu;
 #[cfg(target_arch = "bpf")]
 mod proc_events;
 #[cfg(target_arch = "bpf")]

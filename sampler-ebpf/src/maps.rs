@@ -9,8 +9,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use sampler_common::{
-    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, PY_MAX_FRAMES,
-    PY_PROCS_ENTRIES, PY_TSTATES_ENTRIES, PyFrameRecord, PyProcInfo, TARGET_PIDS_ENTRIES,
+    COUNTERS_LEN, Config, Counter, DEFAULT_RING_BYTES, KERNEL_STACKS_ENTRIES, OffCpuRecord,
+    PY_MAX_FRAMES, PY_PROCS_ENTRIES, PY_TSTATES_ENTRIES, PyFrameRecord, PyProcInfo,
+    TARGET_PIDS_ENTRIES,
 };
 
 /// Samples and process events (see `sampler_common::SampleEvent` / `ProcEvent`).
@@ -71,6 +72,17 @@ pub static PY_FRAME_WALK: PerCpuArray<crate::python::FrameWalk> =
 pub static PY_FRAMES: PerCpuArray<[PyFrameRecord; PY_MAX_FRAMES]> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// Target threads followed off-CPU (`--idle`): host tid → the capture of its last switch-out
+/// (`off.t_out == 0`: on a CPU now). User space sizes it at load (1 entry without `--idle`),
+/// seeds it for threads already asleep, and reads what is left at the end.
+#[map(name = "OFFCPU")]
+pub static OFFCPU: HashMap<u32, OffCpuRecord> = HashMap::with_max_entries(1, 0);
+
+/// A zeroed `OffCpuRecord` (never written): the value a thread's `OFFCPU` entry is created
+/// with (a value that large cannot live on the BPF stack).
+#[map(name = "OFFCPU_ZERO")]
+pub static OFFCPU_ZERO: PerCpuArray<OffCpuRecord> = PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU event counters indexed by `Counter`.
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -88,7 +100,12 @@ static CONFIG: Global<Config> = Global::new(Config {
     fork_flags_offset: sampler_common::FORK_FLAGS_OFFSET_DEFAULT,
     wakeup_bytes: 0,
     task_stack_offset: 0,
+    offcpu: 0,
+    task_pid_offset: 0,
+    task_state_offset: 0,
+    switch_prev_state: 0,
     pad: 0,
+    offcpu_period_ns: 0,
 });
 
 /// The load-time configuration.

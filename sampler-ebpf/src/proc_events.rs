@@ -1,19 +1,26 @@
-//! Process life-cycle tracepoints: `pyebpf_exec`, `pyebpf_exit`, `pyebpf_fork`.
+//! Process life-cycle programs: `pyebpf_exec`, `pyebpf_exit`, `pyebpf_fork` (raw tracepoints)
+//! and `pyebpf_fork_tracepoint` (the perf-event tracepoint, for kernels without BTF).
 //!
-//! Input: `sched/sched_process_exec`, `sched/sched_process_exit` and `task/task_newtask`
-//! tracepoint records and `CONFIG`. Output: `ProcEvent` records in `EVENTS`; `pyebpf_fork` also
-//! adds children of target processes to `TARGET_PIDS` so they are sampled from their first tick.
+//! Input: the `sched_process_exec`, `sched_process_exit` and `task_newtask` tracepoints and
+//! `CONFIG`. Output: `ProcEvent` records in `EVENTS`; the fork programs also add children of
+//! target processes to `TARGET_PIDS` so they are sampled from their first tick.
 //!
 //! Constraints: these run in the context of the task concerned (exec: the new image; exit: the
-//! exiting thread; new task: the parent), so pids and `comm` come from helpers. Following uses
-//! `task_newtask` rather than `sched_process_fork` because both fire for new threads too, and
-//! only `task_newtask` carries `clone_flags` to tell a thread (`CLONE_THREAD`) from a process.
-//! It fires at the end of `copy_process()`, after the last failure point and before the child
-//! first runs. Its field offsets come from `CONFIG` (user space parses the `format` file).
+//! exiting thread; new task: the parent), so pids and `comm` come from helpers. Raw tracepoints
+//! rather than perf-event ones: detaching a perf-event tracepoint waits for RCU grace periods
+//! (`perf_trace_event_unreg` → `tracepoint_synchronize_unregister`, 80–100 ms per tracepoint at
+//! the end of every run), a raw one frees its probe after the grace period without waiting.
+//! Following uses `task_newtask` rather than `sched_process_fork` because both fire for new
+//! threads too, and only `task_newtask` carries `clone_flags` to tell a thread
+//! (`CLONE_THREAD`) from a process. It fires at the end of `copy_process()`, after the last
+//! failure point and before the child first runs. Its raw arguments are `(struct task_struct
+//! *task, unsigned long clone_flags)`; the child's pid is read at `CONFIG.task_pid_offset` (from
+//! the kernel BTF). Without BTF, user space loads the perf-event version, whose record offsets
+//! come from the tracepoint's `format` file (`CONFIG.fork_*_offset`).
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated},
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
 };
 use sampler_common::{
     CLONE_THREAD, Counter, EventHeader, ProcEvent, TRACEPOINT_OFFSET_MAX, event_kind,
@@ -21,23 +28,52 @@ use sampler_common::{
 
 use crate::maps::{EVENTS, TARGET_PIDS, config, count, current_comm, is_target};
 
-#[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn pyebpf_exec(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn pyebpf_exec(_ctx: RawTracePointContext) -> i32 {
     shim(try_exec())
 }
 
-#[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn pyebpf_exit(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn pyebpf_exit(_ctx: RawTracePointContext) -> i32 {
     shim(try_exit())
 }
 
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn pyebpf_fork(ctx: RawTracePointContext) -> i32 {
+    shim(try_fork(|| {
+        let task: *const u8 = ctx.arg(0);
+        let clone_flags: u64 = ctx.arg(1);
+        let offset = config().task_pid_offset;
+        if offset == 0 {
+            return Err(Counter::ProcEventErrors);
+        }
+        // SAFETY: a kernel read at a BTF offset inside the new task, through the helper.
+        let pid =
+            unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<i32>()) }
+                .map_err(|_| Counter::ProcEventErrors)?;
+        Ok((clone_flags, pid))
+    }))
+}
+
 #[tracepoint(category = "task", name = "task_newtask")]
-pub fn pyebpf_fork(ctx: TracePointContext) -> u32 {
-    shim(try_fork(&ctx))
+pub fn pyebpf_fork_tracepoint(ctx: TracePointContext) -> i32 {
+    shim(try_fork(|| {
+        let cfg = config();
+        let (pid_offset, flags_offset) = (cfg.fork_pid_offset, cfg.fork_flags_offset);
+        if pid_offset > TRACEPOINT_OFFSET_MAX || flags_offset > TRACEPOINT_OFFSET_MAX {
+            return Err(Counter::ProcEventErrors);
+        }
+        // SAFETY: both read a few bytes of the tracepoint record through bpf_probe_read_kernel.
+        let clone_flags = unsafe { ctx.read_at::<u64>(flags_offset as usize) }
+            .map_err(|_| Counter::ProcEventErrors)?;
+        let pid = unsafe { ctx.read_at::<i32>(pid_offset as usize) }
+            .map_err(|_| Counter::ProcEventErrors)?;
+        Ok((clone_flags, pid))
+    }))
 }
 
 #[inline(always)]
-fn shim(result: Result<(), Counter>) -> u32 {
+fn shim(result: Result<(), Counter>) -> i32 {
     if let Err(counter) = result {
         count(counter);
     }
@@ -76,31 +112,23 @@ fn try_exit() -> Result<(), Counter> {
 }
 
 /// A target created a new process: make it a target and report it. New threads are ignored
-/// (their samples already match through the shared tgid).
+/// (their samples already match through the shared tgid). `read` gives the new task's
+/// `clone_flags` and pid (the two programs find them in different places).
 ///
 /// The parent is the current task's tgid: the forking thread may not be the main thread.
 #[inline(always)]
-fn try_fork(ctx: &TracePointContext) -> Result<(), Counter> {
-    let cfg = config();
-    if cfg.follow_children != 1 {
+fn try_fork(read: impl FnOnce() -> Result<(u64, i32), Counter>) -> Result<(), Counter> {
+    if config().follow_children != 1 {
         return Ok(());
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !is_target(parent) {
         return Ok(());
     }
-    let (pid_offset, flags_offset) = (cfg.fork_pid_offset, cfg.fork_flags_offset);
-    if pid_offset > TRACEPOINT_OFFSET_MAX || flags_offset > TRACEPOINT_OFFSET_MAX {
-        return Err(Counter::ProcEventErrors);
-    }
-    // SAFETY: both read a few bytes of the tracepoint record through bpf_probe_read_kernel.
-    let clone_flags = unsafe { ctx.read_at::<u64>(flags_offset as usize) }
-        .map_err(|_| Counter::ProcEventErrors)?;
+    let (clone_flags, child) = read()?;
     if clone_flags & CLONE_THREAD != 0 {
         return Ok(());
     }
-    let child =
-        unsafe { ctx.read_at::<i32>(pid_offset as usize) }.map_err(|_| Counter::ProcEventErrors)?;
     if child <= 0 {
         return Err(Counter::ProcEventErrors);
     }

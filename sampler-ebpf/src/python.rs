@@ -137,6 +137,8 @@ impl Stop {
 
 /// The fixed part of a `PyCapture`, built on the BPF stack and written once at the end.
 struct Header {
+    /// Address of the GIL struct whose words were read (0: none); not part of the capture.
+    gil: u64,
     tstate: u64,
     gil_holder: u64,
     gil_locked: i32,
@@ -146,13 +148,16 @@ struct Header {
 }
 
 /// Fill `out` for a sample of host thread `host_tid` of the process described by `info`.
+/// Returns the address of the GIL struct whose words were read (0 when none was).
 ///
 /// # Safety
-/// `out` must point to a writable `PyCapture` (inside a reserved ring-buffer record).
+/// `out` must point to a writable `PyCapture` (inside a reserved ring-buffer record or an
+/// `OFFCPU` map value).
 #[inline(always)]
-pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) {
+pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut PyCapture) -> u64 {
     count(Counter::PySamples);
     let mut h = Header {
+        gil: 0,
         tstate: 0,
         gil_holder: 0,
         gil_locked: GIL_UNKNOWN,
@@ -178,6 +183,7 @@ pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut Py
         (&raw mut (*out).nframes).write(h.nframes);
         (&raw mut (*out).flags).write(h.flags);
     }
+    h.gil
 }
 
 /// Count one sample in `counter` if `flags` has `flag` (a single bit), without a branch on
@@ -286,6 +292,7 @@ fn read_gil(info: &PyProcInfo, interp: u64, h: &mut Header) {
             return;
         }
     };
+    h.gil = gil;
     if info.gil_enabled != PY_NO_OFFSET {
         match read_i32(gil, info.gil_enabled) {
             Ok(v) => h.gil_enabled = v,

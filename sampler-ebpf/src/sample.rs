@@ -238,7 +238,7 @@ fn emit_with_stack<const N: usize>(event: &mut SampleEvent) -> Result<(), Counte
 /// ring (then a forced one), so user space wakes per batch, not per sample; it also drains on
 /// its own at least every flush interval, which bounds the latency of a quiet ring.
 #[inline(always)]
-fn wakeup_flags() -> u64 {
+pub fn wakeup_flags() -> u64 {
     let threshold = u64::from(config().wakeup_bytes);
     if threshold == 0 {
         0

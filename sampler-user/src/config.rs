@@ -56,6 +56,8 @@ pub struct RecordRequest {
     pub threads: bool,
     /// `--gil`.
     pub gil: bool,
+    /// `--idle`: off-CPU time too (a wall-clock profile).
+    pub idle: bool,
     /// `--subprocesses` (for `-p`).
     pub subprocesses: bool,
     /// `--stack-size` in bytes.
@@ -91,6 +93,8 @@ pub struct SessionConfig {
     pub threads: bool,
     /// Keep only samples of threads holding the GIL.
     pub gil: bool,
+    /// Sample target Python threads off a CPU too (`--idle`: a wall-clock profile).
+    pub idle: bool,
     /// Follow children of `-p` targets.
     pub subprocesses: bool,
     /// User-stack bytes copied per sample (0 without `--native`).
@@ -324,6 +328,7 @@ impl RecordConfig {
                 kernel: req.kernel,
                 threads: req.threads,
                 gil: req.gil,
+                idle: req.idle,
                 subprocesses: req.subprocesses,
                 stack_bytes,
                 ring_bytes,

@@ -92,6 +92,15 @@ impl<K: Hash + Eq, V> Lru<K, V> {
     }
 }
 
+impl<K: Hash + Eq, V> std::fmt::Debug for Lru<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lru")
+            .field("len", &self.inner.len())
+            .field("capacity", &self.inner.cap())
+            .finish()
+    }
+}
+
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     /// Removes every entry for which `keep` is false (a scan: for rare events such as a
     /// process exit, not per sample).

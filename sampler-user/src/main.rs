@@ -77,6 +77,10 @@ struct RecordArgs {
     /// GIL is reported and excluded).
     #[arg(long)]
     gil: bool,
+    /// Wall clock: Python threads of the targets are sampled off a CPU too (sleeping, blocked,
+    /// waiting for a CPU or the GIL), each stack ending in its state (`--wall` is the same).
+    #[arg(long, visible_alias = "wall")]
+    idle: bool,
     /// With -p: also profile processes the targets start.
     #[arg(short = 's', long)]
     subprocesses: bool,
@@ -160,7 +164,7 @@ struct ReportArgs {
     /// Write the rendered format (or the report) to this file instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Group rows by these keys: comm, pid, tid, thread, module, function, srcline.
+    /// Group rows by these keys: comm, pid, tid, thread, state, gil, module, function, srcline.
     #[arg(
         short = 's',
         long = "sort",
@@ -187,6 +191,10 @@ struct ReportArgs {
     /// Only samples of threads with these names.
     #[arg(long = "thread", value_name = "NAME", value_delimiter = ',')]
     threads: Vec<String>,
+    /// Only samples in these thread states (record --idle): on-cpu, runnable, sleeping, blocked,
+    /// gil-wait.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',')]
+    states: Vec<String>,
     /// Show call chains under each row: caller (root first) or callee (leaf first).
     #[arg(short = 'g', long = "call-graph", value_name = "ORDER")]
     call_graph: Option<String>,
@@ -232,6 +240,9 @@ struct TopArgs {
     /// Only samples of threads that hold the GIL.
     #[arg(long)]
     gil: bool,
+    /// Wall clock: Python threads are sampled off a CPU too, with their state.
+    #[arg(long, visible_alias = "wall")]
+    idle: bool,
 }
 
 fn main() -> ExitCode {
@@ -304,6 +315,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         kernel: a.kernel,
         threads: a.threads,
         gil: a.gil,
+        idle: a.idle,
         subprocesses: a.subprocesses,
         stack_bytes: a.stack_size,
         ring_bytes: a.ring_size,
@@ -362,6 +374,7 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         tids: a.tids,
         comms: a.comms,
         threads: a.threads,
+        states: a.states,
         call_graph: a.call_graph,
         json: a.json,
         csv: a.csv,
@@ -424,6 +437,7 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         native: a.native,
         kernel: a.kernel,
         gil: a.gil,
+        idle: a.idle,
     };
     pyebpf::top::require_terminal()?;
     cfg.validate()?;

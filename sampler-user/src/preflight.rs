@@ -10,16 +10,12 @@
 //! user registers of samples taken in kernel mode need it (`collect::variant::degraded_note`).
 //!
 //! Constraints: privileges are read from the real process (end-to-end tests drop them with
-//! `setpriv`); only the kernel facts can be faked, for end-to-end tests, through
-//! `PYEBPF_TEST_FAKE_KERNEL_RELEASE` and `PYEBPF_TEST_FAKE_BTF_PATH` (read by [`btf_path`]).
-use std::path::PathBuf;
+//! `setpriv`); only the kernel release can be faked, for end-to-end tests, through
+//! `PYEBPF_TEST_FAKE_KERNEL_RELEASE` (the kernel BTF through `PYEBPF_TEST_FAKE_BTF_PATH`, read
+//! where the BTF is read, `collect::btf`).
 
 /// Overrides the kernel release seen by [`check`] (end-to-end tests of the error).
 pub const FAKE_KERNEL_RELEASE_ENV: &str = "PYEBPF_TEST_FAKE_KERNEL_RELEASE";
-/// Overrides the BTF path checked by [`check`] (end-to-end tests of the error).
-pub const FAKE_BTF_PATH_ENV: &str = "PYEBPF_TEST_FAKE_BTF_PATH";
-/// Where the kernel exposes its own BTF.
-pub const BTF_PATH: &str = crate::collect::btf::VMLINUX_BTF;
 /// Oldest supported kernel: the oldest the kernel matrix (`cargo xtask vm-test`) runs the
 /// tests on, Debian 11's 5.10. (The programs' features all exist from 5.8, the ring buffer;
 /// 5.8 and 5.9 are untested.)
@@ -77,11 +73,6 @@ impl HostFacts {
             release,
         }
     }
-}
-
-/// The kernel BTF file: [`BTF_PATH`], or the test override.
-pub fn btf_path() -> PathBuf {
-    std::env::var_os(FAKE_BTF_PATH_ENV).map_or_else(|| PathBuf::from(BTF_PATH), PathBuf::from)
 }
 
 /// Run every check on this host.

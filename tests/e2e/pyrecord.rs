@@ -23,6 +23,9 @@
 //!
 //! - `views` (issue 17): no junk samples in ten recordings of sympy on 3.12 and 3.13, short
 //!   file names, skipped processes named.
+//! - `idle`: `--idle` (issue 13): wall-clock shares against the workloads' own measurements,
+//!   a thread blocked since before the run, GIL waits against `schedstat`, `report --sort
+//!   state` of the saved run.
 //!
 //! Workloads are `tests/workloads/py/rec_*.py`, run with `harness.py` next to them; each writes a
 //! ready file once its threads sit on their spinning lines (see `pyrecord/support.rs`).
@@ -31,6 +34,7 @@ mod all;
 mod command;
 mod deliverables;
 mod gil;
+mod idle;
 mod kernel;
 mod native;
 mod stacks;

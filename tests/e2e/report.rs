@@ -508,7 +508,7 @@ fn usage_errors_are_one_line() {
     for (args, needle) in [
         (
             &["report", "nope.pyebpf", "--sort", "comm,bogus"][..],
-            "unknown sort key 'bogus': use comm, pid, tid, thread, module, function, srcline",
+            "unknown sort key 'bogus': use comm, pid, tid, thread, state, gil, module, function, srcline",
         ),
         (
             &["report", "nope.pyebpf", "-g", "fractal"][..],

@@ -185,7 +185,7 @@ fn damaged_saved_files_give_one_clear_line() {
         (
             "newer.pyebpf",
             &[
-                "newer.pyebpf: written by a newer pyebpf (format version 9; this pyebpf reads up to version 2)",
+                "newer.pyebpf: written by a newer pyebpf (format version 9; this pyebpf reads up to version 3)",
             ],
         ),
         ("run.svg", &["run.svg: not a pyebpf profile (bad magic)"]),

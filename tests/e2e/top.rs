@@ -12,6 +12,9 @@
 //! - `q`, Ctrl-C (a key in raw mode) and SIGTERM end it with status 0 and the alternate screen
 //!   off (the terminal restored).
 //!
+//! - `--idle` (issue 13): a State column; the sleeping and blocked functions of
+//!   `rec_idle.py` show as `sleeping`, the state frame is never a row.
+//!
 //! Without a terminal on stdout `top` fails with one line. The tmux server and the workload are
 //! killed by drop guards whatever happens.
 
@@ -299,4 +302,40 @@ fn top_without_a_terminal_fails_with_one_line() {
         "pyebpf: top needs a terminal; use record\n"
     );
     assert!(o.stdout.is_empty(), "{}", text(&o.stdout));
+}
+
+/// Issue 13: `top --idle -p PID` on the wall-clock workload: a State column, the sleeping
+/// function's row saying `sleeping`, the blocked one's too, the state frame never a row.
+#[test]
+fn top_idle_shows_the_state_column() {
+    let Some(interp) = setup("3.12") else {
+        return;
+    };
+    let w = Workload::start(&interp, "rec_idle.py", &[], &[]);
+    let pid = w.pid.to_string();
+    let Some(tmux) = Tmux::start(&top_command(&["--idle", "-p", &pid])) else {
+        return;
+    };
+    let sleep = w.label("sleep_part", "sleep");
+    let blocked = w.label("blocked_wait", "blocked");
+    let screen = tmux.wait_screen(
+        "the sleeping and blocked functions",
+        FIRST_SCREEN_WITHIN,
+        |s| {
+            s.lines()
+                .any(|l| l.contains(&sleep) && l.contains("sleeping"))
+                && s.lines()
+                    .any(|l| l.contains(&blocked) && l.contains("sleeping"))
+        },
+    );
+    assert!(
+        screen.contains("State") && screen.contains("+idle"),
+        "no State column or mode:\n{screen}"
+    );
+    assert!(
+        !screen.contains("[off-CPU"),
+        "a state frame as a row:\n{screen}"
+    );
+    tmux.send("q");
+    check_clean_exit(&tmux, "q");
 }

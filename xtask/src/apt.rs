@@ -59,6 +59,9 @@ pub const TESTS: &[&str] = &[
     // "stripped with a debug file" case of the 3.11 tests).
     "python3.11",
     "python3.11-dbg",
+    // `gcore` writes the core files `dump --core` is tested on; `gzip` compresses them.
+    "gdb",
+    "gzip",
 ];
 
 /// Packages among `want` that are not in state "ii".

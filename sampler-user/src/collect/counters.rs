@@ -16,7 +16,7 @@ pub struct CounterTotals {
 
 /// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
 /// Python process's non-Python threads have no thread state by nature.)
-const ERROR_COUNTERS: [Counter; 13] = [
+const ERROR_COUNTERS: [Counter; 15] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -30,6 +30,8 @@ const ERROR_COUNTERS: [Counter; 13] = [
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
     Counter::PyInvalidFrames,
+    Counter::OffCpuLost,
+    Counter::OffCpuMapFull,
 ];
 
 /// Kernel counters of the in-kernel Python walk.

@@ -9,14 +9,14 @@
 //! bounded by `stack_cap`, by the record length and by the largest size class; the Python
 //! capture by `size_of::<PyCapture>()`, the record length and `PY_MAX_FRAMES`.
 use sampler_common::{
-    EventHeader, PY_MAX_FRAMES, ProcEvent, PyCapture, PyFrameRecord, STACK_SIZE_CLASSES,
-    SampleEvent, UserRegs, decode, event_kind,
+    EventHeader, OffCpuInfo, PY_MAX_FRAMES, ProcEvent, PyCapture, PyFrameRecord,
+    STACK_SIZE_CLASSES, SampleEvent, UserRegs, decode, event_kind,
 };
 
 /// One event from the kernel side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A CPU-clock sample of a (target) thread.
+    /// A CPU-clock sample of a (target) thread, or (with `off_cpu`) an off-CPU interval.
     Sample(RawSample),
     /// A (target) process called `execve`.
     Exec(ProcChange),
@@ -51,6 +51,9 @@ pub struct RawSample {
     /// The Python frames captured in the kernel, when the process is in `PY_PROCS`
     /// (see [`super::PythonProcMap`]).
     pub python: Option<PyCaptured>,
+    /// For an off-CPU interval (`--idle`): the interval; the rest of the sample is its
+    /// switch-out (`time_ns` is `off_cpu.t_out`).
+    pub off_cpu: Option<OffCpuInfo>,
 }
 
 /// The Python part of a sample as the kernel captured it (see `sampler_common::PyCapture`):
@@ -138,6 +141,7 @@ pub enum Malformed {
 }
 
 const SAMPLE_SIZE: usize = size_of::<SampleEvent>();
+const OFF_CPU_SIZE: usize = size_of::<OffCpuInfo>();
 const PY_CAPTURE_SIZE: usize = size_of::<PyCapture>();
 const PY_FRAMES_OFFSET: usize = std::mem::offset_of!(PyCapture, frames);
 const PY_FRAME_SIZE: usize = size_of::<PyFrameRecord>();
@@ -147,7 +151,12 @@ pub fn decode_record(bytes: &[u8]) -> Result<Event, Malformed> {
     let too_short = Malformed::TooShort { len: bytes.len() };
     let header = decode::<EventHeader>(bytes).ok_or(too_short)?;
     match header.kind {
-        event_kind::SAMPLE => decode_sample(bytes).map(Event::Sample),
+        event_kind::SAMPLE => decode_sample(bytes, None).map(Event::Sample),
+        event_kind::OFFCPU => {
+            let off = decode::<OffCpuInfo>(bytes.get(SAMPLE_SIZE..).unwrap_or_default())
+                .ok_or(too_short)?;
+            decode_sample(bytes, Some(off)).map(Event::Sample)
+        }
         event_kind::EXEC => decode_proc(bytes).map(Event::Exec),
         event_kind::EXIT => decode_proc(bytes).map(Event::Exit),
         event_kind::FORK => decode_proc(bytes).map(Event::Fork),
@@ -155,8 +164,18 @@ pub fn decode_record(bytes: &[u8]) -> Result<Event, Malformed> {
     }
 }
 
-fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
+/// A sample record, or with `off` an off-CPU record (whose stack and capture follow the
+/// `OffCpuInfo`).
+pub(super) fn decode_sample(bytes: &[u8], off: Option<OffCpuInfo>) -> Result<RawSample, Malformed> {
     let ev = decode::<SampleEvent>(bytes).ok_or(Malformed::TooShort { len: bytes.len() })?;
+    // From here on `bytes` starts `OFF_CPU_SIZE` later for an off-CPU record: the stack and
+    // the capture then sit at the offsets a sample has them (`ev` is already decoded).
+    let skip = if off.is_some() { OFF_CPU_SIZE } else { 0 };
+    let len = bytes.len();
+    let bytes = bytes
+        .get(skip..)
+        .filter(|b| b.len() >= SAMPLE_SIZE)
+        .ok_or(Malformed::TooShort { len })?;
     let stack = if ev.stack_cap == 0 {
         if ev.stack_len != 0 {
             return Err(Malformed::BadStack {
@@ -183,7 +202,12 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
         })
     };
     // `stack_cap` is 0 or a size class here, and the record holds at least that many bytes.
-    let python = decode_python(&bytes[SAMPLE_SIZE + ev.stack_cap as usize..], ev.py_cap)?;
+    // An off-CPU record ends after its last captured frame.
+    let python = decode_python(
+        &bytes[SAMPLE_SIZE + ev.stack_cap as usize..],
+        ev.py_cap,
+        off.is_some(),
+    )?;
     Ok(RawSample {
         time_ns: ev.time_ns,
         pid: ev.pid,
@@ -195,11 +219,13 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, Malformed> {
         regs: ev.regs,
         stack,
         python,
+        off_cpu: off,
     })
 }
 
-/// The `PyCapture` at the start of `tail` when `py_cap` declares one.
-fn decode_python(tail: &[u8], py_cap: u32) -> Result<Option<PyCaptured>, Malformed> {
+/// The `PyCapture` at the start of `tail` when `py_cap` declares one; with `cut`, `tail` may
+/// end right after the capture's last valid frame (an off-CPU record).
+fn decode_python(tail: &[u8], py_cap: u32, cut: bool) -> Result<Option<PyCaptured>, Malformed> {
     if py_cap == 0 {
         return Ok(None);
     }
@@ -210,9 +236,20 @@ fn decode_python(tail: &[u8], py_cap: u32) -> Result<Option<PyCaptured>, Malform
     if py_cap as usize != PY_CAPTURE_SIZE {
         return Err(bad(0));
     }
-    let cap = decode::<PyCapture>(tail).ok_or(bad(0))?;
+    let cap = if cut {
+        // The fixed part, then as many frames as the record holds (checked below).
+        let mut whole = vec![0u8; PY_CAPTURE_SIZE];
+        let have = tail.len().min(PY_CAPTURE_SIZE);
+        if have < PY_FRAMES_OFFSET {
+            return Err(bad(0));
+        }
+        whole[..have].copy_from_slice(&tail[..have]);
+        decode::<PyCapture>(&whole).ok_or(bad(0))?
+    } else {
+        decode::<PyCapture>(tail).ok_or(bad(0))?
+    };
     let n = cap.nframes as usize;
-    if n > PY_MAX_FRAMES {
+    if n > PY_MAX_FRAMES || tail.len() < PY_FRAMES_OFFSET + n * PY_FRAME_SIZE {
         return Err(bad(cap.nframes));
     }
     let frames = tail[PY_FRAMES_OFFSET..PY_FRAMES_OFFSET + n * PY_FRAME_SIZE]
@@ -541,6 +578,46 @@ mod tests {
                 decode_record(&bytes),
                 Err(Malformed::BadPython { cap, nframes: 0 })
             );
+        }
+    }
+
+    #[test]
+    fn offcpu_record_decodes_with_its_interval_and_capture() {
+        use sampler_common::{OffCpuRecord, offcpu_flags, py_flags};
+        let mut ev = sample(0, 0);
+        ev.header.kind = event_kind::OFFCPU;
+        ev.py_cap = PY_CAPTURE_SIZE as u32;
+        let off = OffCpuInfo {
+            t_out: 10,
+            t_wake: 20,
+            t_in: 30,
+            syscall: 230,
+            task_state: 1,
+            flags: offcpu_flags::IN_SYSCALL,
+        };
+        let rec = OffCpuRecord {
+            event: ev,
+            off,
+            py: capture(4, py_flags::CAPTURED),
+        };
+        let whole = encode(&rec);
+        // As the kernel sends it: cut after the last captured frame.
+        let bytes = &whole[..96 + 40 + PY_FRAMES_OFFSET + 4 * PY_FRAME_SIZE];
+        let Event::Sample(s) = decode_record(whole).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.python.unwrap().frames.len(), 4);
+        let Event::Sample(s) = decode_record(bytes).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.off_cpu, Some(off));
+        assert_eq!((s.pid, s.tid, s.time_ns), (100, 101, 42));
+        let py = s.python.unwrap();
+        assert_eq!(py.frames.len(), 4);
+        assert_eq!(py.frames[3].executable, 0x1003);
+        // Cut anywhere: an error, never a panic.
+        for cut in 0..bytes.len() {
+            assert!(decode_record(&bytes[..cut]).is_err(), "cut at {cut}");
         }
     }
 

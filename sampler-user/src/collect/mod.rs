@@ -14,38 +14,43 @@
 //! ring-buffer contents (malformed records are counted and skipped); needs root or
 //! CAP_BPF + CAP_PERFMON (checked earlier by `preflight`). CPU hot-plug is not followed: CPUs
 //! that come online after `start` are not sampled.
+mod attach;
 pub mod btf;
 mod counters;
 mod decode;
 mod error;
+mod loader;
+mod offcpu;
 mod python_procs;
 mod targets;
 mod tracefs;
 mod variant;
 
 #[cfg(test)]
+mod offcpu_tests;
+#[cfg(test)]
 mod python_tests;
 #[cfg(test)]
 mod root_tests;
 
-use std::{os::fd::AsRawFd as _, os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    time::Duration,
+};
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf,
     maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{
-        PerfEvent, ProgramError, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
 };
 pub use counters::CounterTotals;
 pub use decode::{Event, Malformed, ProcChange, PyCaptured, RawSample, StackCopy, decode_record};
 pub use error::CollectError;
 use error::{errno_of, one_line};
+pub use offcpu::{OffCpuMap, Seed};
 pub use python_procs::PythonProcMap;
 use sampler_common::{
-    Config, Counter, KERNEL_STACKS_ENTRIES, PyCapture, STACK_SIZE_CLASSES, SampleEvent,
-    TARGET_PIDS_ENTRIES, maps, programs,
+    Config, Counter, PyCapture, STACK_SIZE_CLASSES, SampleEvent, TARGET_PIDS_ENTRIES, maps,
+    programs,
 };
 pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 
@@ -53,6 +58,9 @@ pub use variant::{Choice, Feature, KernelFeatures, VariantChoice};
 /// (the drain thread only decodes and hands batches on, so this covers it waiting for a CPU
 /// on a loaded host).
 pub const RING_SECONDS: f64 = 1.0;
+/// With `--idle`, the ring is sized for this many more threads than CPUs sending a record at
+/// every sampling instant (a thread that switches at least `rate` times a second).
+pub const IDLE_RING_THREADS: usize = 8;
 /// Largest ring buffer accepted (`--ring-size`).
 pub const MAX_RING_BYTES: u32 = 256 << 20;
 /// Largest ring buffer sized automatically: a quarter of a second at 10 000 samples/s (Python
@@ -92,6 +100,10 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/py
 
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the kernel side, each a `Config` flag"
+)]
 pub struct CollectConfig {
     /// Samples per second per CPU.
     pub frequency_hz: u64,
@@ -114,6 +126,8 @@ pub struct CollectConfig {
     pub self_pid: u32,
     /// Which variant of the sampling program to load (`variant.rs`).
     pub variant: VariantChoice,
+    /// `--idle`: follow target Python threads off a CPU too (`sched_switch`, `sched_wakeup`).
+    pub idle: bool,
 }
 
 impl Default for CollectConfig {
@@ -128,6 +142,7 @@ impl Default for CollectConfig {
             ring_bytes: 0,
             self_pid: std::process::id(),
             variant: VariantChoice::Auto,
+            idle: false,
         }
     }
 }
@@ -168,6 +183,10 @@ pub struct Collector {
     targets: targets::TargetPids,
     /// `PY_PROCS`, until [`Collector::take_python_procs`] hands it out.
     python_procs: Option<PythonProcMap>,
+    /// `OFFCPU` (with `--idle`), until [`Collector::take_offcpu`] hands it out.
+    offcpu: Option<OffCpuMap>,
+    /// The off-CPU program's variant (with `--idle`).
+    switch: Option<Choice>,
     cpus: usize,
     ring_bytes: u32,
     malformed: u64,
@@ -180,58 +199,50 @@ pub struct Collector {
     /// The program's sizes, read at attach: once capabilities are dropped the kernel reports
     /// them as 0 (`bpf_prog_get_info_by_fd` hides them without `CAP_BPF`).
     sizes: Option<ProgramStats>,
+    /// The same for the off-CPU program.
+    switch_sizes: Option<ProgramStats>,
 }
 
 impl Collector {
-    /// Load the embedded object with `cfg`, fill the targets, attach the tracepoints and a
-    /// CPU-clock perf event on every online CPU.
+    /// Load the embedded object with `cfg`, fill the targets, attach the process-event
+    /// programs and a CPU-clock perf event on every online CPU.
     pub fn start(cfg: &CollectConfig) -> Result<Collector, CollectError> {
         let ring_bytes = validate(cfg)?;
         if OBJECT.is_empty() {
             return Err(CollectError::NotBuilt);
         }
         raise_memlock_limit();
-        let features = KernelFeatures::probe(&crate::preflight::btf_path());
-        let sampler = variant::choose(&variant::SAMPLER, &features, &cfg.variant)?;
-        let notes = variant::degraded_note(&sampler, &features, cfg.stack_bytes)
-            .into_iter()
-            .collect();
-        let fork = tracefs::fork_offsets(&tracefs::ensure_mounted()?);
-        let config = Config {
-            filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
-            follow_children: u32::from(cfg.follow_children),
-            stack_bytes: cfg.stack_bytes,
-            kernel_stacks: u32::from(cfg.kernel_stacks),
-            self_pid: cfg.self_pid,
-            fork_pid_offset: fork.pid,
-            fork_flags_offset: fork.clone_flags,
-            // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
-            wakeup_bytes: ring_bytes / 8,
-            task_stack_offset: if sampler.variant.task_stack {
-                features.task_stack_offset.unwrap_or(0)
-            } else {
-                0
-            },
-            pad: 0,
+        let features = KernelFeatures::probe(&btf::path());
+        let plan = Plan::choose(cfg, &features)?;
+        // The perf-event fallback of the fork program reads its record layout from tracefs.
+        let fork = if plan.fork == Some(programs::FORK_TRACEPOINT) {
+            tracefs::fork_offsets(&tracefs::ensure_mounted()?)
+        } else {
+            tracefs::ForkOffsets::DEFAULT
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global(maps::CONFIG, &config, true)
-            .map_max_entries(maps::EVENTS, ring_bytes)
-            // The 16 MiB stack-trace map is created only for --kernel (it costs ~25 ms to
-            // create and zero); without it the program never looks a stack up.
-            .map_max_entries(
-                maps::KERNEL_STACKS,
-                if cfg.kernel_stacks {
-                    KERNEL_STACKS_ENTRIES
-                } else {
-                    1
-                },
-            )
-            .load(OBJECT)
-            .map_err(|e| CollectError::LoadObject {
-                reason: one_line(&e),
-                errno: errno_of(&e),
-            })?;
+        let config = kernel_config(cfg, ring_bytes, &features, &plan, fork);
+        // aya's own copy of the kernel BTF: only the BTF tracepoints of --idle need one.
+        let aya_btf = match &plan.switch {
+            Some(choice) => Some(
+                Btf::parse_file(btf::path(), aya::Endianness::default()).map_err(|e| {
+                    CollectError::ProgramLoad {
+                        program: choice.variant.program,
+                        reason: format!("kernel BTF: {}", one_line(&e)),
+                        errno: None,
+                        verifier_log: String::new(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let mut ebpf = loader::load(
+            OBJECT,
+            &config,
+            ring_bytes,
+            cfg.kernel_stacks,
+            cfg.idle,
+            aya_btf.as_ref(),
+        )?;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
             Err(err) => {
@@ -239,46 +250,34 @@ impl Collector {
                 None
             }
         };
-
-        let mut targets =
-            targets::TargetPids::new(take_map(&mut ebpf, maps::TARGET_PIDS, HashMap::try_from)?);
-        for &pid in &cfg.pids {
-            targets.add(pid)?;
+        let maps = Maps::take(&mut ebpf, cfg, &features)?;
+        attach::process_events(&mut ebpf, plan.fork)?;
+        let cpus = attach::perf_events(&mut ebpf, plan.sampler.variant.program, cfg.frequency_hz)?;
+        if let (Some(choice), Some(btf)) = (&plan.switch, &aya_btf) {
+            attach::offcpu(&mut ebpf, choice.variant.program, btf)?;
         }
-        let events = take_map(&mut ebpf, maps::EVENTS, RingBuf::try_from)?;
-        let kstacks = take_map(&mut ebpf, maps::KERNEL_STACKS, StackTraceMap::try_from)?;
-        let counters = take_map(&mut ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
-        let python_procs =
-            PythonProcMap::new(take_map(&mut ebpf, maps::PY_PROCS, HashMap::try_from)?);
-
-        for (program, name) in [
-            (programs::EXEC, "sched_process_exec"),
-            (programs::EXIT, "sched_process_exit"),
-        ] {
-            attach_tracepoint(&mut ebpf, program, "sched", name)?;
-        }
-        attach_tracepoint(&mut ebpf, programs::FORK, "task", "task_newtask")?;
-        let cpus = attach_perf_events(&mut ebpf, sampler.variant.program, cfg.frequency_hz)?;
-
-        Ok(Collector {
+        drop(aya_btf);
+        let mut c = Collector {
             ebpf,
-            events,
-            kstacks,
-            counters,
-            targets,
-            python_procs: Some(python_procs),
+            events: maps.events,
+            kstacks: maps.kstacks,
+            counters: maps.counters,
+            targets: maps.targets,
+            python_procs: Some(maps.python_procs),
+            offcpu: maps.offcpu,
+            switch: plan.switch,
             cpus,
             ring_bytes,
             malformed: 0,
             stats,
-            sampler,
-            notes,
+            sampler: plan.sampler,
+            notes: plan.notes,
             sizes: None,
-        })
-        .map(|mut c| {
-            c.sizes = c.program_stats();
-            c
-        })
+            switch_sizes: None,
+        };
+        c.sizes = c.program_stats();
+        c.switch_sizes = c.offcpu_program_stats();
+        Ok(c)
     }
 
     /// Sample `pid` too (e.g. a command spawned after `start`).
@@ -293,6 +292,18 @@ impl Collector {
         self.python_procs.take().ok_or(CollectError::AlreadyTaken {
             map: maps::PY_PROCS,
         })
+    }
+
+    /// The handle on `OFFCPU` (with `--idle`), for the thread that attaches to Python processes
+    /// (it seeds threads already asleep, and reads the open intervals at the end). Handed out
+    /// once; `None` without `--idle` or when taken.
+    pub fn take_offcpu(&mut self) -> Option<OffCpuMap> {
+        self.offcpu.take()
+    }
+
+    /// The off-CPU program's variant and why, with `--idle`.
+    pub fn switch_variant(&self) -> Option<&Choice> {
+        self.switch.as_ref()
     }
 
     /// Wait up to `timeout` for events (or until `wake` is readable), then hand every
@@ -385,22 +396,7 @@ impl Collector {
 
     /// Statistics of the sampling program; `None` if its program info cannot be read.
     pub fn program_stats(&self) -> Option<ProgramStats> {
-        let program: &PerfEvent = self
-            .ebpf
-            .program(self.sampler.variant.program)?
-            .try_into()
-            .ok()?;
-        let info = program.info().ok()?;
-        let enabled = self.stats.is_some();
-        let mut stats = ProgramStats {
-            variant: self.sampler.to_string(),
-            run_time_ns: enabled
-                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
-            run_count: enabled.then(|| info.run_count()),
-            translated_insns: info.size_translated().unwrap_or(0) / 8,
-            jited_bytes: info.size_jitted(),
-            verified_insns: info.verified_instruction_count(),
-        };
+        let mut stats = self.stats_of(&self.sampler)?;
         if let Some(at_attach) = &self.sizes
             && stats.jited_bytes == 0
         {
@@ -409,6 +405,35 @@ impl Collector {
             stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
         }
         Some(stats)
+    }
+
+    /// Statistics of the off-CPU `sched_switch` program (`--idle`): its runs are every context
+    /// switch on the host; sizes as read at attach (see [`Collector::program_stats`]).
+    pub fn offcpu_program_stats(&self) -> Option<ProgramStats> {
+        let mut stats = self.stats_of(self.switch.as_ref()?)?;
+        if let Some(at_attach) = &self.switch_sizes
+            && stats.jited_bytes == 0
+        {
+            stats.translated_insns = at_attach.translated_insns;
+            stats.jited_bytes = at_attach.jited_bytes;
+            stats.verified_insns = stats.verified_insns.or(at_attach.verified_insns);
+        }
+        Some(stats)
+    }
+
+    /// The statistics of the program `choice` names.
+    fn stats_of(&self, choice: &Choice) -> Option<ProgramStats> {
+        let info = self.ebpf.program(choice.variant.program)?.info().ok()?;
+        let enabled = self.stats.is_some();
+        Some(ProgramStats {
+            variant: choice.to_string(),
+            run_time_ns: enabled
+                .then(|| u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX)),
+            run_count: enabled.then(|| info.run_count()),
+            translated_insns: info.size_translated().unwrap_or(0) / 8,
+            jited_bytes: info.size_jitted(),
+            verified_insns: info.verified_instruction_count(),
+        })
     }
 
     /// Whether this kernel refuses map operations to a thread without `CAP_BPF`: before 6.5,
@@ -451,6 +476,135 @@ impl Collector {
     }
 }
 
+/// Which variant of each program this run loads, and what the kernel costs it.
+struct Plan {
+    sampler: Choice,
+    /// The off-CPU program (`--idle`).
+    switch: Option<Choice>,
+    /// The child-following program, when children are followed.
+    fork: Option<&'static str>,
+    notes: Vec<String>,
+}
+
+impl Plan {
+    fn choose(cfg: &CollectConfig, features: &KernelFeatures) -> Result<Plan, CollectError> {
+        let sampler = variant::choose(&variant::SAMPLER, features, &cfg.variant)?;
+        let switch = cfg
+            .idle
+            .then(|| variant::choose(&variant::SWITCH, features, &cfg.variant))
+            .transpose()?;
+        // PYEBPF_SAMPLE_VARIANT names the sampler's variants, not these.
+        let fork = cfg
+            .follow_children
+            .then(|| variant::choose(&variant::FOLLOW, features, &VariantChoice::Auto))
+            .transpose()?
+            .map(|c| c.variant.program);
+        let notes = variant::degraded_note(&sampler, features, cfg.stack_bytes)
+            .into_iter()
+            .collect();
+        Ok(Plan {
+            sampler,
+            switch,
+            fork,
+            notes,
+        })
+    }
+}
+
+/// The maps user space keeps handles on, taken out of the loaded object.
+struct Maps {
+    events: RingBuf<MapData>,
+    kstacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    targets: targets::TargetPids,
+    python_procs: PythonProcMap,
+    offcpu: Option<OffCpuMap>,
+}
+
+impl Maps {
+    fn take(
+        ebpf: &mut Ebpf,
+        cfg: &CollectConfig,
+        features: &KernelFeatures,
+    ) -> Result<Maps, CollectError> {
+        let mut targets =
+            targets::TargetPids::new(take_map(ebpf, maps::TARGET_PIDS, HashMap::try_from)?);
+        for &pid in &cfg.pids {
+            targets.add(pid)?;
+        }
+        let events = take_map(ebpf, maps::EVENTS, RingBuf::try_from)?;
+        let mut offcpu_kstacks = None;
+        let kstacks = take_map(ebpf, maps::KERNEL_STACKS, |map| {
+            if cfg.idle && cfg.kernel_stacks {
+                offcpu_kstacks = second_handle(&map);
+            }
+            StackTraceMap::try_from(map)
+        })?;
+        let counters = take_map(ebpf, maps::COUNTERS, PerCpuArray::try_from)?;
+        let python_procs = PythonProcMap::new(
+            take_map(ebpf, maps::PY_PROCS, HashMap::try_from)?,
+            features.task_fsbase_offset,
+        );
+        let offcpu = if cfg.idle {
+            Some(OffCpuMap::new(
+                take_map(ebpf, maps::OFFCPU, HashMap::try_from)?,
+                offcpu_period_ns(cfg.frequency_hz),
+                offcpu_kstacks,
+            ))
+        } else {
+            None
+        };
+        Ok(Maps {
+            events,
+            kstacks,
+            counters,
+            targets,
+            python_procs,
+            offcpu,
+        })
+    }
+}
+
+/// The `CONFIG` the programs are loaded with.
+fn kernel_config(
+    cfg: &CollectConfig,
+    ring_bytes: u32,
+    features: &KernelFeatures,
+    plan: &Plan,
+    fork: tracefs::ForkOffsets,
+) -> Config {
+    let (sampler, switch) = (&plan.sampler, plan.switch.as_ref());
+    Config {
+        filter_pids: u32::from(cfg.filter_pids || !cfg.pids.is_empty()),
+        follow_children: u32::from(cfg.follow_children),
+        stack_bytes: cfg.stack_bytes,
+        kernel_stacks: u32::from(cfg.kernel_stacks),
+        self_pid: cfg.self_pid,
+        fork_pid_offset: fork.pid,
+        fork_flags_offset: fork.clone_flags,
+        // User space wakes when an eighth of the ring is used (and every FLUSH_EVERY).
+        wakeup_bytes: ring_bytes / 8,
+        task_stack_offset: if sampler.variant.task_stack
+            || switch.as_ref().is_some_and(|c| c.variant.task_stack)
+        {
+            features.task_stack_offset.unwrap_or(0)
+        } else {
+            0
+        },
+        offcpu: u32::from(cfg.idle),
+        task_pid_offset: features.task_pid_offset.unwrap_or(0),
+        task_state_offset: features.task_state_offset.unwrap_or(0),
+        switch_prev_state: u32::from(features.switch_prev_state),
+        pad: 0,
+        offcpu_period_ns: offcpu_period_ns(cfg.frequency_hz),
+    }
+}
+
+/// The off-CPU sampling period for a rate (`Config::offcpu_period_ns`).
+pub fn offcpu_period_ns(frequency_hz: u64) -> u64 {
+    1_000_000_000 / frequency_hz.max(1)
+}
+
 /// Check `cfg` against what the kernel side accepts; returns the ring size to use.
 fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
     let invalid = |setting, reason: String| Err(CollectError::InvalidConfig { setting, reason });
@@ -479,7 +633,14 @@ fn validate(cfg: &CollectConfig) -> Result<u32, CollectError> {
     }
     let ring = if cfg.ring_bytes == 0 {
         let cpus = aya::util::online_cpus().map_or(1, |c| c.len());
-        ring_bytes_for(cfg.frequency_hz, cpus, cfg.stack_bytes)
+        // --idle: room for the off-CPU intervals of as many threads again as there are CPUs,
+        // plus IDLE_RING_THREADS (each sends at most `rate` records a second).
+        let streams = if cfg.idle {
+            2 * cpus + IDLE_RING_THREADS
+        } else {
+            cpus
+        };
+        ring_bytes_for(cfg.frequency_hz, streams, cfg.stack_bytes)
     } else {
         cfg.ring_bytes
     };
@@ -535,6 +696,17 @@ fn raise_memlock_limit() {
     tracing::debug!("RLIMIT_MEMLOCK could not be made unlimited (fine on kernels >= 5.11)");
 }
 
+/// A second handle on the stack-trace map `map`: with `--idle --kernel` the kernel stacks of
+/// the intervals still open at the end are read after the collector is gone.
+fn second_handle(map: &aya::maps::Map) -> Option<StackTraceMap<MapData>> {
+    let aya::maps::Map::StackTraceMap(data) = map else {
+        return None;
+    };
+    let fd = data.fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    StackTraceMap::try_from(aya::maps::Map::StackTraceMap(data)).ok()
+}
+
 /// Take a map out of `ebpf` and wrap it in its typed handle.
 fn take_map<T>(
     ebpf: &mut Ebpf,
@@ -548,91 +720,6 @@ fn take_map<T>(
         map: name,
         reason: one_line(&e),
     })
-}
-
-/// Translate a program load failure, keeping the verifier log out of the message.
-fn load_error(program: &'static str, err: ProgramError) -> CollectError {
-    match err {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => CollectError::ProgramLoad {
-            program,
-            reason: io_error.to_string(),
-            errno: io_error.raw_os_error(),
-            verifier_log: verifier_log.to_string(),
-        },
-        other => CollectError::ProgramLoad {
-            program,
-            reason: one_line(&other),
-            errno: errno_of(&other),
-            verifier_log: String::new(),
-        },
-    }
-}
-
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    category: &'static str,
-    name: &'static str,
-) -> Result<(), CollectError> {
-    let missing = CollectError::MissingInObject {
-        kind: "program",
-        name: program,
-    };
-    let tp: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or(missing)?
-        .try_into()
-        .map_err(|e| load_error(program, e))?;
-    tp.load().map_err(|e| load_error(program, e))?;
-    tp.attach(category, name)
-        .map_err(|e| CollectError::AttachTracepoint {
-            category,
-            name,
-            reason: one_line(&e),
-            errno: errno_of(&e),
-        })?;
-    Ok(())
-}
-
-/// Load the sampling program `program` (the chosen variant) and attach it to a CPU-clock event
-/// on every online CPU.
-fn attach_perf_events(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    frequency_hz: u64,
-) -> Result<usize, CollectError> {
-    const ONLINE: &str = "/sys/devices/system/cpu/online";
-    let missing = CollectError::MissingInObject {
-        kind: "program",
-        name: program,
-    };
-    let perf: &mut PerfEvent = ebpf
-        .program_mut(program)
-        .ok_or(missing)?
-        .try_into()
-        .map_err(|e| load_error(program, e))?;
-    perf.load().map_err(|e| load_error(program, e))?;
-    let cpus = aya::util::online_cpus().map_err(|(_, source)| CollectError::OnlineCpus {
-        path: ONLINE,
-        source,
-    })?;
-    for &cpu in &cpus {
-        perf.attach(
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            PerfEventScope::AllProcessesOneCpu { cpu },
-            SamplePolicy::Frequency(frequency_hz),
-            false,
-        )
-        .map_err(|e| CollectError::AttachPerf {
-            cpu,
-            reason: one_line(&e),
-            errno: errno_of(&e),
-        })?;
-    }
-    Ok(cpus.len())
 }
 
 #[cfg(test)]

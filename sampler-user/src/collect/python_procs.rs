@@ -1,8 +1,8 @@
 //! The one user-space owner of the `PY_PROCS` map: which processes the kernel walks Python
 //! frames for, and with which offsets.
 //!
-//! Input: `PyProcInfo`s built by the `python` stage (`python::kernel::kernel_info`). Output: map
-//! updates. Handed out once by [`super::Collector::take_python_procs`] so that the thread that
+//! Input: `PyProcInfo`s built by the `python` stage (`python::kernel::kernel_info`), completed
+//! here with the kernel's own offsets (`task_struct.thread.fsbase`). Output: map updates. Handed out once by [`super::Collector::take_python_procs`] so that the thread that
 //! attaches to Python processes can update the map while the collector drains the ring buffer
 //! on another thread.
 //!
@@ -10,7 +10,7 @@
 //! `PY_PROCS_ENTRIES`, and a full map is reported as such. `PY_TSTATES` needs no upkeep: the
 //! kernel validates each cached thread state on use.
 use aya::maps::{HashMap, MapData};
-use sampler_common::{PY_PROCS_ENTRIES, PyProcInfo, maps};
+use sampler_common::{PY_NO_OFFSET, PY_PROCS_ENTRIES, PyProcInfo, maps};
 
 use super::{
     CollectError,
@@ -21,11 +21,18 @@ use super::{
 /// alive after the collector is dropped, harmlessly) and `Send`.
 pub struct PythonProcMap {
     map: HashMap<MapData, u32, PyProcInfo>,
+    /// `task_struct.thread.fsbase` from the kernel's BTF ([`PY_NO_OFFSET`] when unknown),
+    /// written into every entry: the kernel walk matches a ≤ 3.10 thread state's `pthread_t`
+    /// against it.
+    task_fsbase: u32,
 }
 
 impl PythonProcMap {
-    pub(crate) fn new(map: HashMap<MapData, u32, PyProcInfo>) -> PythonProcMap {
-        PythonProcMap { map }
+    pub(crate) fn new(map: HashMap<MapData, u32, PyProcInfo>, task_fsbase: Option<u32>) -> Self {
+        PythonProcMap {
+            map,
+            task_fsbase: task_fsbase.unwrap_or(PY_NO_OFFSET),
+        }
     }
 
     /// Walk Python frames in the kernel for every later sample of `pid`, with `info`
@@ -47,7 +54,11 @@ impl PythonProcMap {
                 ),
             });
         }
-        self.map.insert(pid, *info, 0).map_err(|err| {
+        let info = PyProcInfo {
+            task_fsbase: self.task_fsbase,
+            ..*info
+        };
+        self.map.insert(pid, info, 0).map_err(|err| {
             if errno_of(&err) == Some(libc::E2BIG) {
                 CollectError::PythonProcsFull {
                     pid,

@@ -268,12 +268,27 @@ fn sample(i: &Interp, depth: usize, stack_bytes: u32, own_pid_namespace: bool) -
         ring_bytes: 0,
         self_pid: 0,
         variant: super::VariantChoice::from_env(),
+        idle: false,
     };
     let mut collector = Collector::start(&cfg).unwrap_or_else(|e| panic!("{}: {e}", i.name));
     let mut procs = collector.take_python_procs().unwrap();
     assert!(collector.take_python_procs().is_err(), "handed out twice");
     procs.insert(spinner.host_pid, &info).unwrap();
-    assert_eq!(procs.get(spinner.host_pid), Some(info));
+    // The map's owner completes the entry with the kernel's `thread.fsbase` offset.
+    let stored = procs.get(spinner.host_pid).expect("the entry");
+    assert_eq!(
+        PyProcInfo {
+            task_fsbase: info.task_fsbase,
+            ..stored
+        },
+        info
+    );
+    assert_eq!(
+        stored.task_fsbase,
+        super::KernelFeatures::probe(&super::btf::path())
+            .task_fsbase_offset
+            .unwrap_or(sampler_common::PY_NO_OFFSET)
+    );
 
     let mut captures = Vec::new();
     let started = Instant::now();

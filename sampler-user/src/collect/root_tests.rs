@@ -49,6 +49,7 @@ fn own_cfg(stack_bytes: u32) -> CollectConfig {
         ring_bytes: 0,
         self_pid: 0,
         variant: super::VariantChoice::from_env(),
+        idle: false,
     }
 }
 
@@ -77,7 +78,7 @@ fn loads_every_variant_at_every_stack_size_class() {
     let _guard = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let features = super::KernelFeatures::probe(&crate::preflight::btf_path());
+    let features = super::KernelFeatures::probe(&super::btf::path());
     let mut loaded = 0;
     for variant in super::variant::SAMPLER.variants {
         let choice = super::VariantChoice::Named(variant.name.to_string());
@@ -158,8 +159,8 @@ fn kernel_features_match_the_kernel_version() {
         parts.next().unwrap().parse().unwrap(),
         parts.next().unwrap().parse().unwrap(),
     );
-    let btf = std::path::Path::new(crate::preflight::BTF_PATH).exists();
-    let features = super::KernelFeatures::probe(std::path::Path::new(crate::preflight::BTF_PATH));
+    let btf = std::path::Path::new(super::btf::VMLINUX_BTF).exists();
+    let features = super::KernelFeatures::probe(std::path::Path::new(super::btf::VMLINUX_BTF));
     eprintln!("kernel {}: {features:?}", release.trim());
     for (feature, expected) in [
         (Feature::RingBuf, true),

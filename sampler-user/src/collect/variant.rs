@@ -9,9 +9,9 @@
 //! feature in one line.
 //!
 //! Constraints: a probe loads a two-instruction program per helper (aya's
-//! `is_helper_supported`, libbpf's method), a few milliseconds in all. Another program with
-//! variants (e.g. an off-CPU `sched_switch` program) adds its own table of [`Variant`]s and is
-//! chosen and reported the same way. The kernel facts behind each feature: docs/kernels.md.
+//! `is_helper_supported`, libbpf's method), a few milliseconds in all. The off-CPU
+//! `sched_switch` program of `--idle` ([`SWITCH`]) has its own table and is chosen and reported
+//! the same way. The kernel facts behind each feature: docs/kernels.md.
 use std::fmt;
 
 use aya::{
@@ -39,6 +39,9 @@ pub enum Feature {
     BpfLoop,
     /// `bpf_get_current_task_btf` (5.11) + `bpf_task_pt_regs` (5.15), which need kernel BTF.
     TaskPtRegs,
+    /// Kernel BTF with `task_struct`'s `pid` and state word: BTF tracepoints (5.5) and the
+    /// fields the off-CPU programs read.
+    KernelBtf,
 }
 
 impl Feature {
@@ -50,6 +53,9 @@ impl Feature {
             Feature::NsPidTgid => "bpf_get_ns_current_pid_tgid (Linux 5.7)",
             Feature::BpfLoop => "bpf_loop (Linux 5.17)",
             Feature::TaskPtRegs => "bpf_task_pt_regs with kernel BTF (Linux 5.15)",
+            Feature::KernelBtf => {
+                "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF) for BTF tracepoints"
+            }
         }
     }
 }
@@ -95,6 +101,55 @@ pub const SAMPLER: Program = Program {
             name: "bounded",
             needs: &[],
             task_stack: true,
+        },
+    ],
+};
+
+/// The off-CPU `sched_switch` program of `--idle` (`sampler-ebpf/src/offcpu.rs`), in the same
+/// two variants as [`SAMPLER`] (it runs the same Python walk); `pyebpf_wakeup` goes with
+/// either.
+pub const SWITCH: Program = Program {
+    role: "off-CPU program (--idle)",
+    needs: &[
+        Feature::RingBuf,
+        Feature::ProbeRead,
+        Feature::NsPidTgid,
+        Feature::KernelBtf,
+    ],
+    variants: &[
+        Variant {
+            program: programs::SWITCH,
+            name: "bpf_loop",
+            needs: &[Feature::BpfLoop, Feature::TaskPtRegs],
+            task_stack: false,
+        },
+        Variant {
+            program: programs::SWITCH_BOUNDED,
+            name: "bounded",
+            needs: &[],
+            task_stack: true,
+        },
+    ],
+};
+
+/// The program that follows children of targets (`-s`, `-- COMMAND`): the `task_newtask` raw
+/// tracepoint where the kernel BTF gives `task_struct.pid`, else the perf-event tracepoint
+/// (whose detach waits for RCU grace periods: about 100 ms more at the end of a run).
+pub const FOLLOW: Program = Program {
+    role: "child-following program",
+    needs: &[Feature::RingBuf, Feature::ProbeRead],
+    variants: &[
+        Variant {
+            program: programs::FORK,
+            name: "raw_tracepoint",
+            needs: &[Feature::KernelBtf],
+            task_stack: false,
+        },
+        Variant {
+            program: programs::FORK_TRACEPOINT,
+            name: "tracepoint",
+            needs: &[],
+            task_stack: false,
         },
     ],
 };
@@ -147,11 +202,21 @@ pub struct KernelFeatures {
     pub present: Vec<Feature>,
     /// `task_struct.stack`'s byte offset from the kernel BTF, if BTF is there.
     pub task_stack_offset: Option<u32>,
+    /// `task_struct.pid`'s byte offset.
+    pub task_pid_offset: Option<u32>,
+    /// The byte offset of `task_struct`'s state word (`__state` from 5.14, `state` before).
+    pub task_state_offset: Option<u32>,
+    /// `sched_switch` passes `prev_state` (5.18+: its BTF prototype has 5 parameters with
+    /// the tracepoint's `__data`).
+    pub switch_prev_state: bool,
+    /// `task_struct.thread.fsbase`'s byte offset (the ≤ 3.10 Python thread match).
+    pub task_fsbase_offset: Option<u32>,
 }
 
 impl KernelFeatures {
-    /// Probe the running kernel. `btf_path` is the kernel BTF to read (`preflight` decides
-    /// which; end-to-end tests fake a missing one).
+    /// Probe the running kernel. `btf_path` is the kernel BTF to read ([`btf::path`]:
+    /// end-to-end tests fake a missing one): read once here for every offset the run needs,
+    /// and dropped on return.
     pub fn probe(btf_path: &std::path::Path) -> KernelFeatures {
         let perf = ProgramType::PerfEvent;
         let helper = |h: BpfHelper| {
@@ -187,15 +252,33 @@ impl KernelFeatures {
                 && helper(BpfHelper::BPF_FUNC_get_current_task_btf)
                 && helper(BpfHelper::BPF_FUNC_task_pt_regs),
         );
+        let types = btf.as_deref().and_then(btf::Types::parse);
+        let member = |path: &[&str]| {
+            types
+                .as_ref()
+                .and_then(|t| t.member_offset("task_struct", path))
+        };
+        let task_pid_offset = member(&["pid"]);
+        let task_state_offset = member(&["__state"]).or_else(|| member(&["state"]));
+        found(
+            Feature::KernelBtf,
+            task_pid_offset.is_some() && task_state_offset.is_some(),
+        );
         KernelFeatures {
             present,
-            task_stack_offset: btf
-                .as_deref()
-                .and_then(|data| btf::member_offset(data, "task_struct", &["stack"])),
+            task_stack_offset: member(&["stack"]),
+            task_pid_offset,
+            task_state_offset,
+            switch_prev_state: types
+                .as_ref()
+                .and_then(|t| t.typedef_fn_params("btf_trace_sched_switch"))
+                .is_some_and(|n| n >= 5),
+            task_fsbase_offset: member(&["thread", "fsbase"]),
         }
     }
 
-    fn has(&self, feature: Feature) -> bool {
+    /// Whether the kernel has `feature`.
+    pub fn has(&self, feature: Feature) -> bool {
         self.present.contains(&feature)
     }
 }
@@ -305,6 +388,7 @@ mod tests {
         KernelFeatures {
             present: present.to_vec(),
             task_stack_offset: offset,
+            ..KernelFeatures::default()
         }
     }
 

@@ -264,4 +264,70 @@ mod tests {
             assert_eq!(e.to_string().lines().count(), 1, "{e}");
         }
     }
+
+    /// Seeded corruption of a valid core (bytes flipped, words replaced by extremes, the file
+    /// cut): opening never panics, and a core that opens can be read anywhere without panic.
+    #[test]
+    fn corrupted_cores_never_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::write(root.join("usr/bin/fake"), vec![7u8; 5000]).unwrap();
+        let good = sample().bytes();
+        let path = dir.path().join("c");
+        let mut x: u64 = 0x5eed_c0de_0bad_f00d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut opened, mut refused) = (0, 0);
+        for _ in 0..800 {
+            let mut b = good.clone();
+            for _ in 0..=next() % 4 {
+                // Mostly the headers and notes, where the counts and offsets are.
+                let span = if next() % 4 == 0 {
+                    b.len()
+                } else {
+                    b.len().min(1024)
+                };
+                let at = (next() % span as u64) as usize;
+                match next() % 4 {
+                    0 => b[at] ^= 1 << (next() % 8),
+                    1 if at + 8 <= b.len() => {
+                        b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+                    }
+                    2 if at + 8 <= b.len() => b[at..at + 8].copy_from_slice(&next().to_le_bytes()),
+                    _ => b.truncate(at.max(1)),
+                }
+            }
+            std::fs::write(&path, &b).unwrap();
+            match CoreFile::open(&path) {
+                Ok(core) => {
+                    opened += 1;
+                    let core = Arc::new(core);
+                    let maps = core.mappings(&|_| Some(object::elf::PF_R | object::elf::PF_X));
+                    assert!(maps.len() <= core.files.len() + core.loads.len());
+                    let mem = CoreMemory::new(Arc::clone(&core), Arc::new(MappedFiles::new(&root)));
+                    for _ in 0..8 {
+                        let addr = match next() % 3 {
+                            0 => next(),
+                            1 => core.loads.first().map_or(0, |l| l.vaddr) + next() % 0x3000,
+                            _ => 0x40_0000 + next() % 0x3000,
+                        };
+                        let _ = mem.read_vec(addr, (next() % 5000) as usize);
+                    }
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert_eq!(e.to_string().lines().count(), 1, "{e}");
+                }
+            }
+        }
+        assert!(
+            opened > 0 && refused > 0,
+            "opened {opened}, refused {refused}"
+        );
+    }
 }

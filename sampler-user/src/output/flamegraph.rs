@@ -1,4 +1,6 @@
-//! SVG flame graph via inferno, from the folded stacks of the profile.
+//! SVG flame graph via inferno, from the folded stacks of the profile. With `record --idle`
+//! each off-CPU stack ends in its state as a frame of its own (`[off-CPU: sleeping in futex]`),
+//! so the graph shows where threads wait above the Python frame that waits.
 //!
 //! Readability rules (issue 17):
 //! - Palettes by frame kind, so the eye finds the boundaries: Python frames blue, native
@@ -36,8 +38,13 @@ impl Renderer for Flamegraph {
         opts.title = "pyebpf".to_string();
         let m = &profile.meta;
         let mut subtitle = format!(
-            "{} samples, {:.1} s at {} Hz on {} CPUs, {} processes, {} lost",
-            profile.samples().len(),
+            "{} samples{}, {:.1} s at {} Hz on {} CPUs, {} processes, {} lost",
+            profile.total_weight(),
+            if m.idle {
+                " (wall clock: on and off CPU)"
+            } else {
+                ""
+            },
             m.duration_s,
             m.rate_hz,
             m.cpus,
@@ -144,6 +151,7 @@ pub fn kind_color(kind: FrameKind, label: &str) -> Color {
             (shade(150, 175), shade(175, 200), shade(150, 170))
         }
         FrameKind::Marker => (shade(170, 190), shade(170, 190), shade(170, 190)),
+        FrameKind::State => (shade(150, 180), shade(120, 150), shade(200, 230)),
     };
     Color { r, g, b }
 }

@@ -24,6 +24,16 @@ pub trait Renderer {
     fn render(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()>;
 }
 
+/// The saved format (`-f pyebpf`) of a whole profile; `record` streams it instead
+/// ([`crate::saved::SavedWriter`]).
+struct SavedProfile;
+
+impl Renderer for SavedProfile {
+    fn render(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+        crate::saved::writer::write_profile(profile, out)
+    }
+}
+
 /// Output formats of `record`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -105,7 +115,7 @@ impl Format {
             Format::Collapsed => Box::new(collapsed::Collapsed),
             Format::Speedscope => Box::new(speedscope::Speedscope),
             Format::Pprof => Box::new(pprof::Pprof),
-            Format::Pyebpf => Box::new(crate::saved::Saved),
+            Format::Pyebpf => Box::new(SavedProfile),
         }
     }
 
@@ -168,6 +178,8 @@ pub(crate) mod tests {
                     comm: comm.into(),
                     thread_name: comm.into(),
                     gil: crate::profile::GilState::Unknown,
+                    state: crate::profile::ThreadState::OnCpu,
+                    weight: 1,
                 });
             }
         }

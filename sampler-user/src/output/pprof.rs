@@ -23,7 +23,7 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::Renderer;
-use crate::profile::{FrameId, FrameKind, Profile, StackId};
+use crate::profile::{FrameId, FrameKind, Profile, StackId, ThreadState};
 
 /// The `perftools.profiles` messages, field numbers as in Google's `proto/profile.proto`.
 pub mod proto {
@@ -285,7 +285,7 @@ fn seconds_to_ns(s: f64) -> i64 {
 }
 
 /// (stack, pid, tid, comm, thread name): what a pprof `Sample` aggregates over.
-type SampleKey<'a> = (StackId, u32, u32, &'a str, &'a str);
+type SampleKey<'a> = (StackId, u32, u32, &'a str, &'a str, ThreadState);
 
 /// (kind, name, file, module): what makes a pprof `Function` distinct.
 type FunctionKey = (FrameKind, Arc<str>, Option<Arc<str>>, Option<Arc<str>>);
@@ -299,7 +299,8 @@ pub fn build(profile: &Profile) -> proto::Profile {
         unit: strings.get("count"),
     };
     let cpu_t = proto::ValueType {
-        r#type: strings.get("cpu"),
+        // A wall-clock run's time is off-CPU time too.
+        r#type: strings.get(if profile.meta.idle { "wall" } else { "cpu" }),
         unit: strings.get("nanoseconds"),
     };
     out.sample_type = vec![samples_t, cpu_t];
@@ -317,20 +318,21 @@ pub fn build(profile: &Profile) -> proto::Profile {
     let mut keys: HashMap<SampleKey<'_>, usize> = HashMap::new();
     let mut counts: Vec<(SampleKey<'_>, i64)> = Vec::new();
     for s in profile.samples() {
-        let key = (s.stack, s.pid, s.tid, &*s.comm, &*s.thread_name);
+        let key = (s.stack, s.pid, s.tid, &*s.comm, &*s.thread_name, s.state);
         let i = *keys.entry(key).or_insert_with(|| {
             counts.push((key, 0));
             counts.len() - 1
         });
-        counts[i].1 += 1;
+        counts[i].1 += i64::from(s.weight);
     }
+    let state_k = strings.get("state");
     let (pid_k, tid_k, comm_k, thread_k) = (
         strings.get("pid"),
         strings.get("tid"),
         strings.get("comm"),
         strings.get("thread"),
     );
-    for ((stack, pid, tid, comm, thread), count) in counts {
+    for ((stack, pid, tid, comm, thread, state), count) in counts {
         let location_id = profile
             .stack(stack)
             .iter()
@@ -363,6 +365,15 @@ pub fn build(profile: &Profile) -> proto::Profile {
                 },
             ],
         });
+        if profile.meta.idle
+            && let Some(sample) = out.sample.last_mut()
+        {
+            sample.label.push(proto::Label {
+                key: state_k,
+                str: strings.get(state.as_str()),
+                ..proto::Label::default()
+            });
+        }
     }
     out.mapping = tables.mappings;
     out.location = tables.locations;
@@ -382,8 +393,9 @@ fn comments(profile: &Profile) -> Vec<String> {
         c.push(format!("host: {}, kernel: {}", m.host, m.kernel));
     }
     c.push(format!(
-        "{} samples at {} Hz on {} CPUs, lost samples: {}",
-        profile.samples().len(),
+        "{} samples{} at {} Hz on {} CPUs, lost samples: {}",
+        profile.total_weight(),
+        if m.idle { " (wall clock: --idle)" } else { "" },
         m.rate_hz,
         m.cpus,
         m.lost_samples
@@ -424,7 +436,9 @@ impl Tables {
                 (frame.file.as_deref().or(module), module)
             }
             FrameKind::Kernel => (Some(KERNEL_FILE), Some(KERNEL_FILE)),
-            FrameKind::Process | FrameKind::Thread | FrameKind::Marker => (None, None),
+            FrameKind::Process | FrameKind::Thread | FrameKind::Marker | FrameKind::State => {
+                (None, None)
+            }
         };
         let key: FunctionKey = (
             frame.kind,
@@ -722,6 +736,8 @@ mod tests {
                 comm: "py".into(),
                 thread_name: "worker".into(),
                 gil: GilState::Held,
+                state: crate::profile::ThreadState::OnCpu,
+                weight: 1,
             });
         }
         let p = decode(&render(&profile)).unwrap();

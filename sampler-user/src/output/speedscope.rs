@@ -89,11 +89,13 @@ impl Renderer for Speedscope {
                 out.write_all(b"]")?;
             }
             out.write_all(br#"],"weights":["#)?;
-            for k in 0..idx.len() {
+            for (k, &i) in idx.iter().enumerate() {
                 if k > 0 {
                     out.write_all(b",")?;
                 }
-                write!(out, "{period_ns}")?;
+                // An off-CPU sample (`--idle`) stands for `weight` periods.
+                let w = period_ns.saturating_mul(u64::from(samples[i as usize].weight));
+                write!(out, "{w}")?;
             }
             out.write_all(b"]}")?;
         }

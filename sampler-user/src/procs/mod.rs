@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::lru::Lru;
+
 pub use container::{container_id_from_path, from_cgroup_file};
 pub use files::{
     FileId, MappedFile, open_mapped_file, open_mapped_file_in, open_mapping, open_mapping_under,
@@ -53,6 +55,8 @@ const MAX_CMDLINE_ARGS: usize = 1024;
 const MAX_SMALL_FILE: u64 = 64 << 10;
 /// Most cached thread-id translations per process.
 const MAX_NS_TIDS: usize = 4096;
+/// Most pids remembered as gone (not loaded again for [`MISSING_RETRY`]).
+const MAX_MISSING: usize = 1 << 16;
 
 /// Kinds of counted failures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -181,7 +185,7 @@ pub struct Process {
     pub exited: bool,
     proc_dir: PathBuf,
     nested_pid_ns: bool,
-    ns_tids: Mutex<HashMap<u32, u32>>,
+    ns_tids: Mutex<Lru<u32, u32>>,
     /// A process known from a core file: its files are opened under this directory (`dump
     /// --core --root`), never through `/proc`.
     files_root: Option<PathBuf>,
@@ -204,7 +208,7 @@ impl Process {
             .ns_tids
             .lock()
             .ok()
-            .and_then(|m| m.get(&host_tid).copied())
+            .and_then(|mut m| m.get(&host_tid).copied())
         {
             return Some(t);
         }
@@ -216,9 +220,6 @@ impl Process {
         let text = read_bounded(&path, MAX_SMALL_FILE).ok()?;
         let (ns, _) = innermost_nspid(&String::from_utf8_lossy(&text))?;
         if let Ok(mut m) = self.ns_tids.lock() {
-            if m.len() >= MAX_NS_TIDS {
-                m.clear();
-            }
             m.insert(host_tid, ns);
         }
         Some(ns)
@@ -264,7 +265,7 @@ impl Process {
             exited: true,
             proc_dir: PathBuf::from("/nonexistent-core-process"),
             nested_pid_ns: false,
-            ns_tids: Mutex::new(HashMap::new()),
+            ns_tids: Mutex::new(Lru::new(MAX_NS_TIDS)),
             files_root: Some(files_root),
         }
     }
@@ -296,7 +297,7 @@ struct Entry {
 pub struct ProcessRegistry {
     proc_root: PathBuf,
     entries: HashMap<u32, Entry>,
-    missing: HashMap<u32, Instant>,
+    missing: Lru<u32, Instant>,
     errors: ProcsErrors,
     exits_since_reap: u32,
 }
@@ -318,7 +319,7 @@ impl ProcessRegistry {
         Self {
             proc_root: root.into(),
             entries: HashMap::new(),
-            missing: HashMap::new(),
+            missing: Lru::new(MAX_MISSING),
             errors: ProcsErrors::default(),
             exits_since_reap: 0,
         }
@@ -368,7 +369,7 @@ impl ProcessRegistry {
             let now = Instant::now();
             if self
                 .missing
-                .get(&pid)
+                .peek(&pid)
                 .is_some_and(|t| now.duration_since(*t) < MISSING_RETRY)
             {
                 self.errors
@@ -389,9 +390,6 @@ impl ProcessRegistry {
                 }
                 Err(e) => {
                     self.count_load_error(pid, &e);
-                    if self.missing.len() >= 65_536 {
-                        self.missing.clear();
-                    }
                     self.missing.insert(pid, now);
                     return None;
                 }
@@ -604,7 +602,7 @@ impl ProcessRegistry {
             mappings_generation: 0,
             exited: false,
             proc_dir: dir,
-            ns_tids: Mutex::new(HashMap::new()),
+            ns_tids: Mutex::new(Lru::new(MAX_NS_TIDS)),
             files_root: None,
         })
     }

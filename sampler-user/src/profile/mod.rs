@@ -6,6 +6,10 @@
 //!
 //! Frames and stacks are interned: a sample costs one stack id plus a few integers. Interning
 //! happens once per unique stack; names are never recomputed per sample.
+//!
+//! Weights (`record --idle`): an off-CPU sample stands for as many sampling instants as fell in
+//! its interval ([`Sample::weight`]); every count of every output is a sum of weights (a
+//! CPU-clock sample weighs 1), so shares stay shares of wall-clock time.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +32,10 @@ pub enum FrameKind {
     Kernel,
     /// A marker such as `[truncated]` or `[unknown]`.
     Marker,
+    /// The thread state that ends an off-CPU sample's stack (`[off-CPU: sleeping in futex]`,
+    /// `record --idle`): shown by the flame graph and every stack output, skipped where a
+    /// function is looked for (`report`'s keys, `top`'s rows).
+    State,
 }
 
 /// One frame, as every output shows it.
@@ -133,6 +141,61 @@ impl GilState {
     }
 }
 
+/// Where a thread was at a sample (`record --idle`; a plain run has only [`ThreadState::OnCpu`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum ThreadState {
+    /// Running on a CPU (every CPU-clock sample).
+    #[default]
+    #[serde(rename = "on-cpu")]
+    OnCpu,
+    /// Off a CPU but runnable: preempted, yielded, or woken and waiting for a CPU.
+    #[serde(rename = "runnable")]
+    Runnable,
+    /// Off a CPU by its own choice, interruptibly: sleeping, waiting on a lock, a socket, a
+    /// pipe, a child…
+    #[serde(rename = "sleeping")]
+    Sleeping,
+    /// Off a CPU uninterruptibly (`D`): disk I/O, page faults, some kernel locks.
+    #[serde(rename = "blocked")]
+    Blocked,
+    /// Off a CPU waiting for the GIL (GIL builds).
+    #[serde(rename = "gil-wait")]
+    GilWait,
+}
+
+impl ThreadState {
+    /// Every state, in the order reports list them.
+    pub const ALL: [ThreadState; 5] = [
+        ThreadState::OnCpu,
+        ThreadState::Runnable,
+        ThreadState::Sleeping,
+        ThreadState::Blocked,
+        ThreadState::GilWait,
+    ];
+
+    /// The state's name in reports and options (`on-cpu`, `runnable`, `sleeping`, `blocked`,
+    /// `gil-wait`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreadState::OnCpu => "on-cpu",
+            ThreadState::Runnable => "runnable",
+            ThreadState::Sleeping => "sleeping",
+            ThreadState::Blocked => "blocked",
+            ThreadState::GilWait => "gil-wait",
+        }
+    }
+
+    /// Parses a name of [`ThreadState::as_str`].
+    pub fn parse(name: &str) -> Option<ThreadState> {
+        ThreadState::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// Whether the thread was off a CPU.
+    pub fn is_off_cpu(self) -> bool {
+        self != ThreadState::OnCpu
+    }
+}
+
 /// One sample: its stack and who/where/when.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
@@ -152,6 +215,11 @@ pub struct Sample {
     pub thread_name: Arc<str>,
     /// GIL state of the thread at the sample.
     pub gil: GilState,
+    /// Where the thread was (on a CPU, or off it and why).
+    pub state: ThreadState,
+    /// Sampling instants this sample stands for: 1 for a CPU-clock sample, the number that
+    /// fell in its interval for an off-CPU one.
+    pub weight: u32,
 }
 
 /// Run metadata that every output can show.
@@ -175,6 +243,8 @@ pub struct RunMeta {
     pub lost_samples: u64,
     /// Errors by kind (counted, never silent).
     pub errors: BTreeMap<String, u64>,
+    /// A wall-clock profile (`record --idle`): target threads were sampled off a CPU too.
+    pub idle: bool,
 }
 
 /// Interned stacks with per-sample metadata.
@@ -187,6 +257,8 @@ pub struct Profile {
     samples: Vec<Sample>,
     /// Processes with samples (kept up to date: no scan of the samples per tick).
     pids: FastSet<u32>,
+    /// Sum of the samples' weights.
+    weight: u64,
     /// Run metadata.
     pub meta: RunMeta,
     /// Which file names the outputs show (a view setting, not saved).
@@ -228,7 +300,14 @@ impl Profile {
     /// Adds a sample.
     pub fn add_sample(&mut self, sample: Sample) {
         self.pids.insert(sample.pid);
+        self.weight += u64::from(sample.weight);
         self.samples.push(sample);
+    }
+
+    /// The samples' total weight (the number of samples for a run without `--idle`); what
+    /// every share is a share of.
+    pub fn total_weight(&self) -> u64 {
+        self.weight
     }
 
     /// All samples in arrival order.
@@ -239,6 +318,7 @@ impl Profile {
     /// Takes the samples added so far, keeping the interned frames and stacks (their ids stay
     /// valid): a live view (`top`) consumes samples as they come and stays bounded in memory.
     pub fn drain_samples(&mut self) -> Vec<Sample> {
+        self.weight = 0;
         std::mem::take(&mut self.samples)
     }
 
@@ -306,6 +386,7 @@ impl Profile {
             });
         }
         let pids = samples.iter().map(|s| s.pid).collect();
+        let weight = samples.iter().map(|s| u64::from(s.weight)).sum();
         Ok(Profile {
             frames,
             frame_ids,
@@ -313,16 +394,17 @@ impl Profile {
             stack_ids,
             samples,
             pids,
+            weight,
             meta,
             file_names: FileNames::default(),
         })
     }
 
-    /// Sample count per stack, in first-seen order of the stacks.
+    /// Sample weight per stack, in first-seen order of the stacks.
     pub fn stack_counts(&self) -> Vec<(StackId, u64)> {
         let mut counts = vec![0u64; self.stacks.len()];
         for s in &self.samples {
-            counts[s.stack.0 as usize] += 1;
+            counts[s.stack.0 as usize] += u64::from(s.weight);
         }
         counts
             .into_iter()
@@ -428,6 +510,8 @@ mod tests {
             comm: "x".into(),
             thread_name: "x".into(),
             gil: GilState::Unknown,
+            state: ThreadState::OnCpu,
+            weight: 1,
         });
     }
 

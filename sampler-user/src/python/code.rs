@@ -12,7 +12,6 @@
 //! (<https://github.com/python/cpython/blob/v3.14.0/Include/cpython/code.h>); TLBC:
 //! `_PyCodeArray` in the same header (free-threaded only); docs/cpython-layouts.md §3.3, §3.4, §5.5.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::PyFrame;
@@ -23,6 +22,7 @@ use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
 use super::objects::{Known, KnownObjects, dict_entries};
 use super::unicode::{StrError, check_type, read_bytes_typed, read_str_typed};
+use crate::lru::Lru;
 
 pub const MAX_NAME_CHARS: usize = 1024;
 pub const MAX_FILE_CHARS: usize = 4096;
@@ -169,12 +169,22 @@ pub struct Ctx<'a> {
 }
 
 /// Code-object metadata by address, for one process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CodeCache {
-    entries: HashMap<u64, Arc<CodeInfo>>,
+    entries: Lru<u64, Arc<CodeInfo>>,
     generation: Option<u64>,
     /// Local names of the cached code objects (`dump --locals`).
     pub(crate) locals: LocalsCache,
+}
+
+impl Default for CodeCache {
+    fn default() -> Self {
+        CodeCache {
+            entries: Lru::new(MAX_CACHED_CODES),
+            generation: None,
+            locals: LocalsCache::default(),
+        }
+    }
 }
 
 impl CodeCache {
@@ -291,9 +301,6 @@ impl CodeCache {
             in_image: target.in_image(addr),
             fingerprint: fp,
         });
-        if self.entries.len() >= MAX_CACHED_CODES {
-            self.entries.clear();
-        }
         self.entries.insert(addr, Arc::clone(&info));
         Ok(info)
     }

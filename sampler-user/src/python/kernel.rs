@@ -11,7 +11,8 @@
 //! the GIL of `docs/cpython-layouts.md`; the GIL fields are relative to the GIL struct, which
 //! is `_PyRuntime.ceval.gil` up to 3.11 and the one `interp->ceval.gil` points at from 3.12).
 //! Before 3.11 a thread state has no `native_thread_id`: the kernel matches its `pthread_t`
-//! against the sampled task's `thread.fsbase`, whose offset comes from the kernel's BTF.
+//! against the sampled task's `thread.fsbase`, whose offset comes from the kernel's BTF (read
+//! by `collect`, which writes it into every entry it inserts).
 
 use std::os::unix::fs::MetadataExt as _;
 
@@ -19,7 +20,6 @@ use sampler_common::{PY_NO_OFFSET, PyProcInfo};
 
 use super::layout::{EntryRule, GilAt};
 use super::{PyError, PythonProcess, RuntimeLayout};
-use crate::collect::btf::task_fsbase_offset;
 
 /// Converts one offset to the wire width; `what` names it in the error.
 fn off(what: &'static str, v: u64) -> Result<u32, PyError> {
@@ -98,7 +98,7 @@ pub fn offsets_from_layout(
         gil_locked: off("gil.locked", g.locked)?,
         gil_holder: off("gil.last_holder", g.last_holder)?,
         gil_enabled: opt("gil.enabled", g.enabled)?,
-        _pad: 0,
+        gil_size: off("gil (bytes)", g.size())?,
         code_type,
         executable_tag_mask: off("interpreter_frame (tag mask)", f.stackref_tag_mask)?,
         code_ob_type: off("object.ob_type", layout.object.ob_type)?,
@@ -129,7 +129,9 @@ pub fn pid_namespace(pid: u32) -> Result<(u64, u64), PyError> {
     }
 }
 
-/// The `PY_PROCS` entry for `p`.
+/// The `PY_PROCS` entry for `p`. Its `task_fsbase` is left unknown: it is a fact of the
+/// kernel, not of the process, and the owner of `PY_PROCS` fills it in
+/// (`collect::PythonProcMap::insert`).
 pub fn kernel_info(p: &PythonProcess) -> Result<PyProcInfo, PyError> {
     let mut wire = offsets_from_layout(
         p.layout(),
@@ -137,9 +139,6 @@ pub fn kernel_info(p: &PythonProcess) -> Result<PyProcInfo, PyError> {
         p.detected().pycode_type_addr.unwrap_or(0),
     )?;
     (wire.pidns_dev, wire.pidns_ino) = pid_namespace(p.pid())?;
-    if wire.tstate_native_thread_id == PY_NO_OFFSET {
-        wire.task_fsbase = task_fsbase_offset().unwrap_or(PY_NO_OFFSET);
-    }
     Ok(wire)
 }
 
@@ -296,7 +295,8 @@ time.sleep(600)
             minor >= 11,
             "{name}: native_thread_id"
         );
-        assert_eq!(has(info.task_fsbase), minor <= 10, "{name}: fsbase");
+        // A kernel fact: `collect` writes it into the entry (`PythonProcMap::insert`).
+        assert!(!has(info.task_fsbase), "{name}: fsbase");
         assert_eq!(
             has(info.cframe_current_frame),
             minor == 11 || minor == 12,

@@ -94,6 +94,20 @@ pub struct GilLayout {
     pub enabled: Option<u64>,
 }
 
+/// Bytes of `_gil_runtime_state` from `locked` to its end on x86-64 (glibc and musl): `locked`
+/// and its padding (8), `switch_number` (8), `cond` and `switch_cond` (`pthread_cond_t`, 48
+/// each), `mutex` and `switch_mutex` (`pthread_mutex_t`, 40 each); the same from 3.8 to 3.15
+/// (docs/cpython-layouts.md §6).
+pub const GIL_BYTES_FROM_LOCKED: u64 = 8 + 8 + 48 + 40 + 48 + 40;
+
+impl GilLayout {
+    /// Size of the whole `_gil_runtime_state`: a thread blocked in `futex` on an address inside
+    /// it is waiting for the GIL (its condition variables and mutexes are all there).
+    pub fn size(&self) -> u64 {
+        self.locked + GIL_BYTES_FROM_LOCKED
+    }
+}
+
 /// Where the `_gil_runtime_state` an interpreter uses is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GilAt {

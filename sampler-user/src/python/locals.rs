@@ -21,7 +21,6 @@
 //! characters; a frame whose names or slots cannot be read costs that frame's locals only and is
 //! counted ([`ErrorKind::LocalsUnreadable`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::code::{CodeCache, CodeInfo, Ctx};
@@ -29,6 +28,7 @@ use super::errors::{ErrorCounts, ErrorKind};
 use super::objects::{Known, ObjError, Seq, seq_items, type_of};
 use super::unicode::{read_bytes_prefix, read_str};
 use super::values::{ValueLimits, render, render_tagged_int};
+use crate::lru::Lru;
 
 /// Most locals shown per frame.
 pub const MAX_LOCALS: usize = 1024;
@@ -68,9 +68,17 @@ struct LocalsMeta {
 
 /// Local names per code object, valid as long as the [`CodeCache`] entry it was built from
 /// (kept inside the [`CodeCache`], which flushes it with its own entries).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LocalsCache {
-    entries: HashMap<u64, (Arc<CodeInfo>, Arc<LocalsMeta>)>,
+    entries: Lru<u64, (Arc<CodeInfo>, Arc<LocalsMeta>)>,
+}
+
+impl Default for LocalsCache {
+    fn default() -> Self {
+        LocalsCache {
+            entries: Lru::new(MAX_CACHED),
+        }
+    }
 }
 
 impl LocalsCache {
@@ -190,9 +198,6 @@ fn cached_meta(
         return Ok(Arc::clone(m));
     }
     let m = Arc::new(meta(ctx, code)?);
-    if cache.entries.len() >= MAX_CACHED {
-        cache.entries.clear();
-    }
     cache.entries.insert(code, (info, Arc::clone(&m)));
     Ok(m)
 }

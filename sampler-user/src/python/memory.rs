@@ -8,7 +8,9 @@
 //! read is bounded by [`MAX_READ`], and the cache holds at most [`MAX_CACHED_PAGES`] pages.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::lru::Lru;
 
 /// Largest single read the reader ever asks for; every caller bounds its lengths below this.
 pub const MAX_READ: usize = 1 << 20;
@@ -90,14 +92,14 @@ pub fn field_u8(buf: &[u8], off: u64) -> Option<u8> {
 /// fields that share a page are mutually consistent.
 pub struct ProcessMemory {
     pid: u32,
-    cache: RefCell<HashMap<u64, Option<Box<[u8]>>>>,
+    cache: RefCell<Lru<u64, Option<Box<[u8]>>>>,
 }
 
 impl ProcessMemory {
     pub fn new(pid: u32) -> ProcessMemory {
         ProcessMemory {
             pid,
-            cache: RefCell::new(HashMap::new()),
+            cache: RefCell::new(Lru::new(MAX_CACHED_PAGES)),
         }
     }
 
@@ -156,7 +158,7 @@ impl ProcessMemory {
 
     /// Fetches one page into the cache (or remembers that it is unreadable).
     fn page(&self, page_addr: u64) -> Result<(), MemError> {
-        if self.cache.borrow().contains_key(&page_addr) {
+        if self.cache.borrow_mut().get(&page_addr).is_some() {
             return Ok(());
         }
         let mut data = vec![0u8; PAGE].into_boxed_slice();
@@ -165,11 +167,7 @@ impl ProcessMemory {
             Err(MemError::Fault { .. }) => None,
             Err(e) => return Err(e),
         };
-        let mut cache = self.cache.borrow_mut();
-        if cache.len() >= MAX_CACHED_PAGES {
-            cache.clear();
-        }
-        cache.insert(page_addr, entry);
+        self.cache.borrow_mut().insert(page_addr, entry);
         Ok(())
     }
 }
@@ -205,7 +203,7 @@ impl ReadMemory for ProcessMemory {
             let chunk_end = end.min(page_end);
             let (src_lo, dst_lo) = ((cur - page_addr) as usize, (cur - addr) as usize);
             let n = (chunk_end - cur) as usize;
-            match cache.get(&page_addr) {
+            match cache.peek(&page_addr) {
                 Some(Some(page)) => {
                     buf[dst_lo..dst_lo + n].copy_from_slice(&page[src_lo..src_lo + n]);
                 }

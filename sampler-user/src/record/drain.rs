@@ -87,6 +87,8 @@ pub struct Finished {
     pub dropped: u64,
     /// Statistics of the sampling program, read after the last sample.
     pub program: Option<ProgramStats>,
+    /// Statistics of the off-CPU program (`--idle`).
+    pub offcpu_program: Option<ProgramStats>,
 }
 
 /// Starts draining `collector` into a channel of batches; at most `queue_capacity(stack_bytes)`
@@ -199,13 +201,25 @@ fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), Collect
         let mut samples = 0;
         for ev in events.drain(..) {
             let item = match ev {
-                Event::Sample(s) if s.time_ns < start_ns => continue,
-                // The next stage is behind: drop (and count) rather than grow without bound.
-                Event::Sample(_) if samples >= room => {
-                    sh.dropped.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                Event::Sample(s) => {
+                Event::Sample(mut s) => {
+                    // An off-CPU interval counts from the start of the run on.
+                    let before_start = match s.off_cpu.as_mut() {
+                        Some(o) => {
+                            let kept = super::idle::clip(o, start_ns);
+                            s.time_ns = o.t_out;
+                            !kept
+                        }
+                        None => s.time_ns < start_ns,
+                    };
+                    if before_start {
+                        continue;
+                    }
+                    // The next stage is behind: drop (and count) rather than grow without
+                    // bound.
+                    if samples >= room {
+                        sh.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     samples += 1;
                     let k = (s.kernel_stack_id >= 0)
                         .then(|| c.kernel_stack(s.kernel_stack_id))
@@ -258,6 +272,7 @@ impl Drain {
             counters: collector.counters()?,
             dropped: self.dropped.load(Ordering::Relaxed),
             program: collector.program_stats(),
+            offcpu_program: collector.offcpu_program_stats(),
         })
     }
 

@@ -13,6 +13,7 @@
 //! Items flow drain → pystage → stack builder in order on bounded channels.
 
 mod drain;
+mod idle;
 mod pyattach;
 mod pyproc;
 #[cfg(test)]

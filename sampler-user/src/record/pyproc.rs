@@ -27,7 +27,7 @@ use crate::profile::{Frame, FrameKind};
 use crate::python::code::CodeIdentity;
 use crate::python::layout::EntryRule;
 use crate::python::syspath::ShortNames;
-use crate::python::walker::code_from_executable;
+use crate::python::walker::{ChainItem, code_from_executable};
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
 use sampler_common::PyFrameRecord;
 
@@ -139,6 +139,18 @@ impl PyProcStats {
     }
 }
 
+/// The Python stack of a thread found off a CPU when its process was attached (`--idle`), as
+/// the reader walked it then: it is the stack of its first off-CPU interval.
+#[derive(Clone, Debug)]
+pub struct SeedStack {
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    /// The chain with its entry frames.
+    pub items: Vec<ChainItem>,
+    /// The walk was cut.
+    pub truncated: bool,
+}
+
 /// An attached Python process.
 pub struct PyProc {
     /// The reader.
@@ -160,6 +172,8 @@ pub struct PyProc {
     has_base_frame: bool,
     /// (executable, instr_ptr, tlbc_index, code identity) → frame (`None`: the shim).
     frames: FastMap<(u64, u64, i32, CodeIdentity), Option<PyFrameIdx>>,
+    /// `--idle`: threads seeded off a CPU (host tid → stack), until their first interval.
+    pub seeds: FastMap<u32, SeedStack>,
     thread_names: FastMap<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
     provisional: FastMap<u32, u8>,
@@ -213,6 +227,7 @@ impl PyProc {
             attached_at: Instant::now(),
             exited_at: None,
             frames: FastMap::default(),
+            seeds: FastMap::default(),
             thread_names: FastMap::default(),
             provisional: FastMap::default(),
             threads_read_at: None,
@@ -316,6 +331,40 @@ impl PyProc {
             self.stats.full += 1;
         }
         out
+    }
+
+    /// The stack of host thread `tid` as seeded (`--idle`): its first off-CPU interval began
+    /// before the kernel saw it. `take`: that interval ends here (the seed is dropped).
+    pub fn seed_stack(&mut self, tid: u32, table: &mut FrameTable, take: bool) -> Option<PyStack> {
+        let seed = if take {
+            self.seeds.remove(&tid)?
+        } else {
+            self.seeds.get(&tid)?.clone()
+        };
+        self.stats.samples += 1;
+        let mut out = PyStack {
+            items: Vec::with_capacity(seed.items.len()),
+            truncated: seed.truncated,
+            eval: self.eval.clone(),
+        };
+        for item in &seed.items {
+            match item {
+                ChainItem::Entry => out.items.push(PyItem::Entry),
+                ChainItem::Frame(i) => {
+                    if let Some(f) = seed.frames.get(*i as usize).filter(|f| !is_init_shim(f)) {
+                        let short = self.short_file(&f.file);
+                        out.items
+                            .push(PyItem::Frame(table.intern(python_frame(f.clone(), short))));
+                    }
+                }
+            }
+        }
+        if out.truncated {
+            self.stats.truncated += 1;
+        } else {
+            self.stats.full += 1;
+        }
+        Some(out)
     }
 
     /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable

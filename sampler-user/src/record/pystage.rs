@@ -9,7 +9,8 @@
 //! the same order, on a bounded channel (when it is full this thread waits; the drain thread
 //! then counts drops, never silently). The thread sleeps until a batch comes, and wakes on a
 //! short timer only while attaches are in flight or retries are due.
-//! At the end: the per-process stats.
+//! At the end: the off-CPU intervals still open (`--idle`: threads asleep when the run
+//! stopped), closed at that time, as a last batch; the per-process stats.
 //! Constraints: `--gil` keeps a sample only when its thread held the GIL at the sample
 //! (`locked && last_holder == tstate`, read in the kernel at that instant); a process whose
 //! runtime runs without a GIL is excluded entirely and reported once on stderr.
@@ -117,6 +118,9 @@ pub fn start(
         .spawn(move || {
             let mut stage = Stage {
                 cfg,
+                accounted: crate::lru::FastMap::default(),
+                open_at: Instant::now(),
+                keep_seed: false,
                 tracker,
                 table: super::pyproc::FrameTable::default(),
                 errors: std::collections::BTreeMap::new(),
@@ -130,8 +134,19 @@ pub fn start(
     (PyStageHandle { handle }, rx)
 }
 
+/// How often the open off-CPU intervals are accounted (`--idle`): a thread asleep for the whole
+/// run shows in a live view and in a streamed file within about this long.
+const OPEN_EVERY: Duration = Duration::from_secs(1);
+
 struct Stage {
     cfg: StageConfig,
+    /// `--idle`: host tid → (the open interval's `t_out`, accounted up to) by
+    /// [`Stage::account_open`].
+    accounted: crate::lru::FastMap<u32, (u64, u64)>,
+    /// When the open intervals were last accounted.
+    open_at: Instant,
+    /// Resolving an open interval: a seeded stack stays for the rest of it.
+    keep_seed: bool,
     tracker: Tracker,
     table: super::pyproc::FrameTable,
     errors: std::collections::BTreeMap<&'static str, u64>,
@@ -148,23 +163,40 @@ impl Stage {
                 match input.recv_timeout(Duration::from_millis(5)) {
                     Ok(b) => Some(b),
                     Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Disconnected) => return self.flush_open(tx),
+                }
+            } else if self.tracker.offcpu().is_some() {
+                // --idle: wake for the open intervals even when no batch comes.
+                match input.recv_timeout(OPEN_EVERY) {
+                    Ok(b) => Some(b),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return self.flush_open(tx),
                 }
             } else {
                 match input.recv() {
                     Ok(b) => Some(b),
-                    Err(_) => return,
+                    Err(_) => return self.flush_open(tx),
                 }
             };
             self.tracker.tick(Instant::now());
+            if self.open_at.elapsed() >= OPEN_EVERY && self.tracker.offcpu().is_some() {
+                self.open_at = Instant::now();
+                let items = self.account_open(false);
+                if !items.is_empty() && tx.send(StagedBatch { items, drained: 0 }).is_err() {
+                    return;
+                }
+            }
             let Some(batch) = batch else { continue };
             let drained = samples_in(&batch);
             let mut items = Vec::with_capacity(batch.len());
             let t0 = Instant::now();
             for item in batch {
                 match item {
-                    Drained::Sample(s, kernel) => {
+                    Drained::Sample(mut s, kernel) => {
                         self.samples += 1;
+                        if !self.after_accounted(&mut s) {
+                            continue;
+                        }
                         if let Some(s) = self.sample(s, kernel) {
                             items.push(Staged::Sample(s));
                         }
@@ -184,6 +216,72 @@ impl Stage {
             if tx.send(StagedBatch { items, drained }).is_err() {
                 return;
             }
+        }
+    }
+
+    /// The end of a `--idle` run (the drain thread, and with it the collector and its programs,
+    /// are gone: nothing writes `OFFCPU` any more): the intervals still open, closed now, as a
+    /// last batch.
+    fn flush_open(&mut self, tx: &SyncSender<StagedBatch>) {
+        let items = self.account_open(true);
+        if !items.is_empty() {
+            let _ = tx.send(StagedBatch { items, drained: 0 });
+        }
+    }
+
+    /// `--idle`: the intervals still open (a thread asleep for seconds), as samples up to now,
+    /// each from where the previous call left it; `last`: the end of the run. The kernel
+    /// sends such an interval whole at its switch-in; [`Self::after_accounted`] then keeps
+    /// only what was not accounted here (the weight of `(a, b]` is the weight of `(a, m]` plus
+    /// that of `(m, b]` on the sampling grid, so nothing is lost or counted twice).
+    fn account_open(&mut self, last: bool) -> Vec<Staged> {
+        let Some(map) = self.tracker.offcpu() else {
+            return Vec::new();
+        };
+        let now = super::idle::monotonic_ns();
+        let open = map.open_intervals(now);
+        let mut items = Vec::with_capacity(open.len());
+        for (mut raw, kernel) in open {
+            let Some(off) = raw.off_cpu.as_mut() else {
+                continue;
+            };
+            let t_out = off.t_out;
+            let from = match self.accounted.get(&raw.tid) {
+                Some(&(t, to)) if t == t_out => to,
+                _ => t_out,
+            };
+            if !super::idle::clip(off, from) {
+                continue;
+            }
+            raw.time_ns = off.t_out;
+            if last {
+                self.accounted.remove(&raw.tid);
+            } else {
+                self.accounted.insert(raw.tid, (t_out, now));
+            }
+            // The seeded stack stays for the rest of the interval.
+            self.keep_seed = !last;
+            if let Some(s) = self.sample(raw, kernel) {
+                items.push(Staged::Sample(s));
+            }
+            self.keep_seed = false;
+        }
+        items
+    }
+
+    /// An interval the kernel sent whole: the part [`Self::account_open`] did not take
+    /// already; `false` when nothing is left.
+    fn after_accounted(&mut self, raw: &mut RawSample) -> bool {
+        let Some(off) = raw.off_cpu.as_mut() else {
+            return true;
+        };
+        match self.accounted.remove(&raw.tid) {
+            Some((t_out, to)) if t_out == off.t_out => {
+                let left = super::idle::clip(off, to);
+                raw.time_ns = off.t_out;
+                left
+            }
+            _ => true,
         }
     }
 
@@ -213,8 +311,17 @@ impl Stage {
         if gil && !gil_keep(pid, proc, cap.as_ref()) {
             return None;
         }
+        let seeded = raw
+            .off_cpu
+            .is_some_and(|o| o.flags & sampler_common::offcpu_flags::SEEDED != 0);
         let py = if let Some(c) = &cap {
             Some(proc.resolve(c, &mut self.table))
+        } else if seeded {
+            let stack = proc.seed_stack(tid, &mut self.table, !self.keep_seed);
+            if stack.is_none() {
+                proc.stats.count("offcpu_seed_missing");
+            }
+            stack
         } else {
             proc.stats.samples += 1;
             if proc.attached_at.elapsed() > super::pyproc::CAPTURE_WARMUP {
@@ -222,9 +329,10 @@ impl Stage {
             }
             None
         };
-        let running_python = cap
-            .as_ref()
-            .is_some_and(|c| c.flags & py_flags::CAPTURED != 0);
+        let running_python = seeded
+            || cap
+                .as_ref()
+                .is_some_and(|c| c.flags & py_flags::CAPTURED != 0);
         let thread_name = if self.cfg.threads {
             proc.thread_name(tid, running_python)
         } else {

@@ -75,6 +75,8 @@ struct Pending {
 pub struct Tracker {
     /// `None` until the collector is loaded; attach results wait until then.
     sink: Option<Box<dyn PyProcSink + Send>>,
+    /// `--idle`: the kernel's `OFFCPU` map, seeded for the threads of each process attached.
+    offcpu: Option<crate::collect::OffCpuMap>,
     native: bool,
     queue: AttachQueue,
     next_id: u64,
@@ -121,6 +123,7 @@ impl Tracker {
     pub fn new(native: bool) -> Self {
         Tracker {
             sink: None,
+            offcpu: None,
             native,
             queue: AttachQueue::start(native),
             next_id: 0,
@@ -137,6 +140,16 @@ impl Tracker {
     /// Where attached processes are announced from now on.
     pub fn set_sink(&mut self, sink: Box<dyn PyProcSink + Send>) {
         self.sink = Some(sink);
+    }
+
+    /// `--idle`: seed the threads of every process attached from now on that are off a CPU.
+    pub fn set_offcpu(&mut self, map: crate::collect::OffCpuMap) {
+        self.offcpu = Some(map);
+    }
+
+    /// The `OFFCPU` map (`--idle`).
+    pub fn offcpu(&self) -> Option<&crate::collect::OffCpuMap> {
+        self.offcpu.as_ref()
     }
 
     /// Waits (at most `timeout`) until no attach of `pids` is in flight.
@@ -242,6 +255,11 @@ impl Tracker {
                 if let Err(e) = inserted {
                     tracing::debug!("pid {pid}: PY_PROCS insert failed: {e}");
                     p.stats.count("py_procs_insert");
+                } else if let Some(map) = self.offcpu.as_mut()
+                    && let Err(e) = super::idle::seed_process(map, pid, &mut p)
+                {
+                    tracing::debug!("pid {pid}: threads off a CPU not seeded: {e}");
+                    p.stats.count("offcpu_seed");
                 }
                 self.negative.remove(&pid);
                 self.procs.insert(pid, p);

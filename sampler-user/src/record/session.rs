@@ -19,6 +19,7 @@ use crate::config::Target;
 use crate::privilege::cap;
 use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, RunMeta};
+use sampler_common::Counter;
 
 use super::pystage::{self, Staged, StagedBatch};
 use super::summary::{PyProcLine, RecordSummary};
@@ -162,6 +163,7 @@ fn start_collector(
         ring_bytes: cfg.ring_bytes,
         self_pid: std::process::id(),
         variant: VariantChoice::from_env(),
+        idle: cfg.idle,
     };
     let mut collector = Collector::start(&collect_cfg)?;
     for note in collector.notes() {
@@ -203,7 +205,11 @@ impl Session {
         };
         let (mut collector, child) = start_collector(&cfg)?;
         let keep_cap_bpf = collector.maps_need_cap_bpf();
-        // Taken before the collector moves into the drain thread: the Python stage writes it.
+        // Taken before the collector moves into the drain thread: the Python stage writes it
+        // (and with --idle seeds OFFCPU for threads asleep when their process is attached).
+        if let Some(offcpu) = collector.take_offcpu() {
+            tracker.set_offcpu(offcpu);
+        }
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on.
@@ -234,6 +240,7 @@ impl Session {
             rate_hz: cfg.rate_hz,
             cpus,
             command_line: argv.to_vec(),
+            idle: cfg.idle,
             ..RunMeta::default()
         };
         let mut b = Building {
@@ -241,6 +248,11 @@ impl Session {
                 native: cfg.native,
                 kernel: cfg.kernel,
                 threads: cfg.threads,
+                offcpu_period_ns: if cfg.idle {
+                    crate::collect::offcpu_period_ns(cfg.rate_hz)
+                } else {
+                    0
+                },
             }),
             profile: Profile::new(meta),
             registry: ProcessRegistry::new(),
@@ -423,6 +435,17 @@ fn summarize(
     summary.python_overflow = report.overflow;
     summary.skipped = report.skipped;
     summary.program.clone_from(&finished.program);
+    if cfg.idle {
+        let c = &finished.counters;
+        summary.offcpu = Some(super::summary::OffCpuLine {
+            switches: c.get(Counter::OffCpuSwitches),
+            sent: c.get(Counter::OffCpuSent),
+            short: c.get(Counter::OffCpuShort),
+            lost: c.get(Counter::OffCpuLost),
+            map_full: c.get(Counter::OffCpuMapFull),
+            program: finished.offcpu_program.clone(),
+        });
+    }
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some([(report.samples, report.busy), b.built]);
     }

@@ -12,7 +12,8 @@
 //!   replaced by the Python frames it ran (`merge`); a sample that cannot be merged exactly
 //!   keeps its native frames, then `[merge mismatch]`, then its Python frames;
 //!
-//! and kernel frames on top.
+//! and kernel frames on top; an off-CPU interval (`--idle`) then ends in its state frame
+//! (`[off-CPU: sleeping in futex]`), one sample per state part, weighted (`idle`).
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,7 @@ use sampler_common::sample_flags;
 
 use crate::merge::{self, MergeOutcome, NativeItem, PyItem, Role};
 use crate::procs::ProcessRegistry;
-use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample};
+use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample, ThreadState};
 use crate::symbolize::Symbolizer;
 use crate::unwind::NativeUnwinder;
 
@@ -43,6 +44,8 @@ pub struct BuildConfig {
     pub kernel: bool,
     /// `--threads`.
     pub threads: bool,
+    /// `--idle`: the off-CPU sampling period in ns (0 without `--idle`).
+    pub offcpu_period_ns: u64,
 }
 
 /// Builds profile stacks from staged samples.
@@ -153,7 +156,9 @@ impl StackBuilder {
                 PyItem::Entry => PyItem::Entry,
             });
         }
-        if self.cfg.native {
+        // An off-CPU interval carries no stack copy (a copy at every context switch would cost
+        // more than the switch): its Python frames stand alone, as without `--native`.
+        if self.cfg.native && s.off_cpu.is_none() {
             let ranges = py.as_ref().and_then(|p| p.eval.clone());
             let truncated = self.unwind(profile, registry, &s, ranges.as_deref());
             if truncated {
@@ -187,10 +192,8 @@ impl StackBuilder {
         if self.cfg.kernel {
             self.push_kernel(profile, kernel.as_deref(), &s, &mut stack);
         }
-        let id = profile.intern_stack(&stack);
-        self.scratch = stack;
-        profile.add_sample(Sample {
-            stack: id,
+        let mut sample = Sample {
+            stack: crate::profile::StackId(0),
             time_ns: s.time_ns,
             pid: s.pid,
             tid: s.tid,
@@ -198,7 +201,24 @@ impl StackBuilder {
             comm,
             thread_name,
             gil,
-        });
+            state: ThreadState::OnCpu,
+            weight: 1,
+        };
+        if let Some(off) = &s.off_cpu {
+            for (state, weight) in super::idle::split(off, self.cfg.offcpu_period_ns) {
+                let label = super::idle::state_label(state, off);
+                stack.push(profile.intern_frame(Frame::new(FrameKind::State, label)));
+                sample.stack = profile.intern_stack(&stack);
+                stack.pop();
+                sample.state = state;
+                sample.weight = weight;
+                profile.add_sample(sample.clone());
+            }
+        } else {
+            sample.stack = profile.intern_stack(&stack);
+            profile.add_sample(sample);
+        }
+        self.scratch = stack;
     }
 
     fn root_frame(&mut self, profile: &mut Profile, pid: u32, comm: &Arc<str>) -> FrameId {
@@ -286,6 +306,7 @@ impl StackBuilder {
             self.count("kernel_stack_missing");
             return;
         };
+        let start = out.len();
         for &addr in addrs.iter().rev() {
             let id = if let Some(id) = self.kernel_frames.get(&addr) {
                 *id
@@ -297,7 +318,27 @@ impl StackBuilder {
             };
             out.push(id);
         }
+        if s.off_cpu.is_some() {
+            // Taken in the `sched_switch` program: its own frames and the tracepoint's are not
+            // where the thread waits (`__schedule` is its innermost frame).
+            while out.len() > start && is_tracing_frame(&profile.frame(out[out.len() - 1]).name) {
+                out.pop();
+            }
+        }
     }
+}
+
+/// A kernel frame of the BPF program or of the tracepoint that ran it.
+fn is_tracing_frame(name: &str) -> bool {
+    [
+        "bpf_prog_",
+        "bpf_trace_run",
+        "__bpf_trace_",
+        "__traceiter_",
+        "bpf_dispatcher",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
 }
 
 /// The NUL-terminated comm as a string (lossy).

@@ -2,7 +2,9 @@
 //!
 //! The summary: the global lines (samples, processes, lost samples, errors — e2e tests parse
 //! them), then one line per Python process (samples, full Python stacks, truncated, merge
-//! mismatches, errors by kind), then the cost of the eBPF sampling program.
+//! mismatches, errors by kind), then the cost of the eBPF sampling program, and with `--idle`
+//! the off-CPU line (intervals sent, too short, lost; the `sched_switch` program's cost per
+//! context switch).
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -56,17 +58,36 @@ pub struct RecordSummary {
     pub skipped: Vec<super::pytrack::Skipped>,
     /// The eBPF sampling program's statistics.
     pub program: Option<ProgramStats>,
+    /// `--idle`: the off-CPU counts and program.
+    pub offcpu: Option<OffCpuLine>,
     /// User-space cost: (samples, time) of the Python stage and of the stack builder.
     pub user_cost: Option<[(u64, Duration); 2]>,
     /// How `-- COMMAND` ended (`exited with status 3`, `was killed by signal 2 (SIGINT)`).
     pub command_status: Option<String>,
 }
 
+/// The off-CPU part of a `--idle` run.
+#[derive(Clone, Debug, Default)]
+pub struct OffCpuLine {
+    /// Switch-outs of target Python threads captured.
+    pub switches: u64,
+    /// Intervals sent (each held at least one sampling instant).
+    pub sent: u64,
+    /// Intervals too short to hold one (nothing sent).
+    pub short: u64,
+    /// Intervals lost (ring buffer full).
+    pub lost: u64,
+    /// Switch-outs not followed (`OFFCPU` full).
+    pub map_full: u64,
+    /// The `sched_switch` program's statistics (its runs: every context switch of the host).
+    pub program: Option<ProgramStats>,
+}
+
 impl RecordSummary {
     /// The summary of a finished profile.
     pub fn from_profile(p: &Profile, rate_hz: u64, interrupted: bool) -> Self {
         RecordSummary {
-            samples: p.samples().len(),
+            samples: usize::try_from(p.total_weight()).unwrap_or(usize::MAX),
             processes: p.process_count(),
             duration_s: p.meta.duration_s,
             lost_samples: p.meta.lost_samples,
@@ -78,6 +99,7 @@ impl RecordSummary {
             python_overflow: None,
             skipped: Vec::new(),
             program: None,
+            offcpu: None,
             user_cost: None,
             command_status: None,
         }
@@ -159,6 +181,9 @@ impl RecordSummary {
                 writeln!(w, "pyebpf: {families}")?;
             }
         }
+        if let Some(o) = &self.offcpu {
+            writeln!(w, "pyebpf: {}", offcpu_line(o))?;
+        }
         if let Some([(py_n, py_t), (st_n, st_t)]) = self.user_cost {
             let per = |n: u64, t: Duration| {
                 if n == 0 {
@@ -176,6 +201,36 @@ impl RecordSummary {
         }
         Ok(())
     }
+}
+
+/// `off-CPU (--idle): …; eBPF sched_switch program: N ns per context switch (…)`: the e2e tests
+/// and the bench read the number before "ns per context switch".
+fn offcpu_line(o: &OffCpuLine) -> String {
+    let mut s = format!(
+        "off-CPU (--idle): {} intervals sent of {} switch-outs captured ({} too short to hold a \
+         sampling instant), {} lost, {} not followed (map full)",
+        o.sent, o.switches, o.short, o.lost, o.map_full
+    );
+    if let Some(p) = &o.program {
+        match p.mean_run_ns() {
+            Some(ns) => {
+                let _ = write!(
+                    s,
+                    "; eBPF sched_switch program: {ns:.0} ns per context switch (mean of {} \
+                     switches on the host)",
+                    p.run_count.unwrap_or(0)
+                );
+            }
+            None => s.push_str("; eBPF sched_switch program: run time not available"),
+        }
+        let _ = write!(
+            s,
+            ", {} instructions verified, variant {}",
+            p.verified_insns.unwrap_or(p.translated_insns),
+            p.variant
+        );
+    }
+    s
 }
 
 /// `comm (pid) 3.12: N samples, N with a full Python stack, …`.
@@ -306,6 +361,7 @@ mod tests {
             python_overflow: None,
             skipped: Vec::new(),
             program: None,
+            offcpu: None,
             user_cost: None,
             command_status: None,
         };
@@ -362,6 +418,7 @@ mod tests {
                 comm: "py\x1b[2Jold".into(),
                 reason: "unsupported CPython 3.7".into(),
             }],
+            offcpu: None,
             program: Some(ProgramStats {
                 variant: "bounded (this kernel lacks bpf_loop (Linux 5.17))".into(),
                 run_time_ns: Some(1_500_000),

@@ -1,5 +1,8 @@
 //! Row keys of `report --sort`: what each key is called, its column header, and its value for
-//! a sample (comm, pid, tid, thread) or for a frame (module, function, srcline).
+//! a sample (comm, pid, tid, thread, state, gil) or for a frame (module, function, srcline).
+//! `state` is where the thread was (`on-cpu`, or with `record --idle` off a CPU: `runnable`,
+//! `sleeping`, `blocked`, `gil-wait`); `gil` whether it held the GIL (`held`, `released`,
+//! `disabled`, `unknown`), as read with the sample's Python frames.
 //!
 //! Frame-derived values (perf's columns):
 //! - function ("Symbol"): the frame's name, prefixed `[k] ` for kernel frames and `[.] ` for
@@ -20,7 +23,7 @@
 
 use std::sync::Arc;
 
-use crate::profile::{FileNames, Frame, FrameKind, Profile, Sample};
+use crate::profile::{FileNames, Frame, FrameKind, GilState, Profile, Sample, ThreadState};
 
 /// How frames turn into key values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,6 +55,10 @@ pub enum SortKey {
     Tid,
     /// Thread name.
     Thread,
+    /// Thread state (on a CPU, or off it and why).
+    State,
+    /// GIL state.
+    Gil,
     /// Module of the frame (perf "Shared Object").
     Module,
     /// Function of the frame (perf "Symbol").
@@ -62,11 +69,13 @@ pub enum SortKey {
 
 impl SortKey {
     /// Every key, in the order the error message lists them.
-    pub const ALL: [SortKey; 7] = [
+    pub const ALL: [SortKey; 9] = [
         SortKey::Comm,
         SortKey::Pid,
         SortKey::Tid,
         SortKey::Thread,
+        SortKey::State,
+        SortKey::Gil,
         SortKey::Module,
         SortKey::Function,
         SortKey::Srcline,
@@ -79,6 +88,8 @@ impl SortKey {
             "pid" => SortKey::Pid,
             "tid" => SortKey::Tid,
             "thread" => SortKey::Thread,
+            "state" => SortKey::State,
+            "gil" => SortKey::Gil,
             "module" | "dso" => SortKey::Module,
             "function" | "sym" | "symbol" => SortKey::Function,
             "srcline" => SortKey::Srcline,
@@ -102,6 +113,8 @@ impl SortKey {
             SortKey::Pid => "pid",
             SortKey::Tid => "tid",
             SortKey::Thread => "thread",
+            SortKey::State => "state",
+            SortKey::Gil => "gil",
             SortKey::Module => "module",
             SortKey::Function => "function",
             SortKey::Srcline => "srcline",
@@ -115,6 +128,8 @@ impl SortKey {
             SortKey::Pid => "Pid",
             SortKey::Tid => "Tid",
             SortKey::Thread => "Thread",
+            SortKey::State => "State",
+            SortKey::Gil => "GIL",
             SortKey::Module => "Shared Object",
             SortKey::Function => "Symbol",
             SortKey::Srcline => "Source:Line",
@@ -167,10 +182,11 @@ pub const UNKNOWN_MODULE: &str = "[unknown]";
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 
 impl FrameKeys {
-    /// The values of a frame (`None` for the synthetic Process and Thread frames).
+    /// The values of a frame (`None` for the synthetic Process and Thread frames, and for
+    /// the thread state ending an off-CPU stack: the `state` key shows it).
     pub fn of(frame: &Frame, opts: KeyOptions) -> Option<FrameKeys> {
         let prefix = match frame.kind {
-            FrameKind::Process | FrameKind::Thread => return None,
+            FrameKind::Process | FrameKind::Thread | FrameKind::State => return None,
             FrameKind::Kernel => "[k]",
             FrameKind::Python | FrameKind::Native | FrameKind::Marker => "[.]",
         };
@@ -186,7 +202,9 @@ impl FrameKeys {
                 .filter(|f| !f.is_empty())
                 .unwrap_or(UNKNOWN_MODULE)
                 .into(),
-            FrameKind::Marker | FrameKind::Process | FrameKind::Thread => UNKNOWN_MODULE.into(),
+            FrameKind::Marker | FrameKind::Process | FrameKind::Thread | FrameKind::State => {
+                UNKNOWN_MODULE.into()
+            }
         };
         let file = match frame.kind {
             FrameKind::Python => frame.display_file(opts.file_names),
@@ -276,6 +294,8 @@ pub fn tuple(keys: &[SortKey], sample: &SampleParts, frame: &FrameKeys, out: &mu
             SortKey::Pid => Part::Num(sample.pid),
             SortKey::Tid => Part::Num(sample.tid),
             SortKey::Thread => Part::Text(sample.thread.clone()),
+            SortKey::State => Part::Text(sample.state.as_str().into()),
+            SortKey::Gil => Part::Text(sample.gil.as_str().into()),
             _ => frame.part(k),
         });
     }
@@ -292,6 +312,10 @@ pub struct SampleParts {
     pub tid: u32,
     /// Thread name.
     pub thread: Arc<str>,
+    /// Thread state.
+    pub state: ThreadState,
+    /// GIL state.
+    pub gil: GilState,
 }
 
 impl SampleParts {
@@ -318,6 +342,16 @@ impl SampleParts {
                 s.thread_name.clone()
             } else {
                 empty.clone()
+            },
+            state: if keys.contains(&SortKey::State) {
+                s.state
+            } else {
+                ThreadState::OnCpu
+            },
+            gil: if keys.contains(&SortKey::Gil) {
+                s.gil
+            } else {
+                GilState::Unknown
             },
         }
     }

@@ -84,6 +84,10 @@ pub fn filters(cfg: &Config) -> String {
     add("--tid", f.tids.iter().map(ToString::to_string).collect());
     add("--comm", f.comms.clone());
     add("--thread", f.threads.clone());
+    add(
+        "--state",
+        f.states.iter().map(|s| s.as_str().to_string()).collect(),
+    );
     bounded(&s)
 }
 
@@ -157,7 +161,17 @@ pub fn summary(profile: &Profile, cfg: &Config, table: &Table) -> Summary {
     }
     lines.push(("lost samples", m.lost_samples.to_string()));
     lines.push(("duration", format!("{:.2} s", m.duration_s)));
-    lines.push(("rate", format!("{} Hz per CPU", m.rate_hz)));
+    lines.push((
+        "rate",
+        if m.idle {
+            format!(
+                "{} Hz per CPU; wall clock (--idle): Python threads off a CPU too",
+                m.rate_hz
+            )
+        } else {
+            format!("{} Hz per CPU", m.rate_hz)
+        },
+    ));
     lines.push(("CPUs", m.cpus.to_string()));
     lines.push((
         "processes",

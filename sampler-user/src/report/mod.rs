@@ -8,8 +8,9 @@
 //! panics on odd profiles: an empty one gives the header and `# no samples`.
 //!
 //! Semantics (those of `perf report`): rows group the samples that pass the filters (`--pid`,
-//! `--tid`, `--comm`, `--thread`; all percentages are of those) by the `--sort` keys in the
-//! order given. Overhead ("Self") counts each sample once, for the keys of its leaf frame;
+//! `--tid`, `--comm`, `--thread`, `--state`; all percentages are of those) by the `--sort` keys
+//! in the order given. A sample counts its weight (1, or with `record --idle` the sampling
+//! instants an off-CPU interval held), so shares are shares of wall-clock time there. Overhead ("Self") counts each sample once, for the keys of its leaf frame;
 //! `--children` adds "Children", each sample counted once for every distinct key tuple of any
 //! frame in its stack, and sorts by it. Sample keys (comm, pid, tid, thread) mixed with frame
 //! keys (module, function, srcline) are evaluated per frame. Rows are sorted by overhead
@@ -27,6 +28,8 @@ mod text;
 
 #[cfg(test)]
 mod script_tests;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;
 
@@ -54,6 +57,9 @@ pub struct ReportOptions {
     pub comms: Vec<String>,
     /// `--thread` filter (thread names).
     pub threads: Vec<String>,
+    /// `--state` filter (thread states: `on-cpu`, `runnable`, `sleeping`, `blocked`,
+    /// `gil-wait`).
+    pub states: Vec<String>,
     /// `-g caller|callee`.
     pub call_graph: Option<String>,
     /// `--json`.

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::ReportOptions;
 use super::keys::{KeyOptions, SortKey};
-use crate::profile::FileNames;
+use crate::profile::{FileNames, ThreadState};
 
 /// Order of the call chains printed under each row (`-g`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub struct Filter {
     pub comms: Vec<String>,
     /// `--thread`.
     pub threads: Vec<String>,
+    /// `--state`.
+    pub states: Vec<ThreadState>,
 }
 
 impl Filter {
@@ -47,7 +49,8 @@ impl Filter {
         !(self.pids.is_empty()
             && self.tids.is_empty()
             && self.comms.is_empty()
-            && self.threads.is_empty())
+            && self.threads.is_empty()
+            && self.states.is_empty())
     }
 
     /// Whether a sample passes.
@@ -56,6 +59,7 @@ impl Filter {
             && (self.tids.is_empty() || self.tids.contains(&s.tid))
             && (self.comms.is_empty() || self.comms.iter().any(|c| **c == *s.comm))
             && (self.threads.is_empty() || self.threads.iter().any(|t| **t == *s.thread_name))
+            && (self.states.is_empty() || self.states.contains(&s.state))
     }
 }
 
@@ -164,6 +168,23 @@ impl Config {
                 )));
             }
         };
+        let mut states = Vec::new();
+        for raw in &o.states {
+            let name = raw.trim();
+            if name.is_empty() {
+                continue;
+            }
+            let state = ThreadState::parse(name).ok_or_else(|| {
+                OptionError(format!(
+                    "unknown state '{}': use {}",
+                    echo(name),
+                    ThreadState::ALL.map(ThreadState::as_str).join(", ")
+                ))
+            })?;
+            if !states.contains(&state) {
+                states.push(state);
+            }
+        }
         let style = match (o.json, o.csv) {
             (true, true) => return Err(OptionError("--json and --csv exclude each other".into())),
             (true, false) => Style::Json,
@@ -179,6 +200,7 @@ impl Config {
                 tids: o.tids.clone(),
                 comms: o.comms.clone(),
                 threads: o.threads.clone(),
+                states,
             },
             call_graph,
             graph_limit: if o.percent_limit > 0.0 {

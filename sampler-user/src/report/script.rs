@@ -154,7 +154,7 @@ pub fn frame_fields(f: &Frame, names: FileNames) -> Option<(String, String)> {
             f.module.as_deref().unwrap_or(UNKNOWN).to_string(),
         ),
         FrameKind::Kernel => (f.name.to_string(), KERNEL_MODULE.to_string()),
-        FrameKind::Marker => (f.name.to_string(), UNKNOWN.to_string()),
+        FrameKind::Marker | FrameKind::State => (f.name.to_string(), UNKNOWN.to_string()),
     };
     Some((symbol_field(&symbol), module_field(&module)))
 }
@@ -174,12 +174,17 @@ fn write_header(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "# nrcpus online : {}", m.cpus)?;
     writeln!(
         out,
-        "# pyebpf : {} samples, {} Hz (period {} ns), {:.2} s, {} lost; addresses not kept (0)",
-        profile.samples().len(),
+        "# pyebpf : {} samples, {} Hz (period {} ns), {:.2} s, {} lost; addresses not kept (0){}",
+        profile.total_weight(),
         m.rate_hz,
         period_ns(m.rate_hz),
         m.duration_s,
-        m.lost_samples
+        m.lost_samples,
+        if m.idle {
+            "; wall clock (--idle): an off-CPU sample's period is its weight times the period"
+        } else {
+            ""
+        }
     )?;
     writeln!(out, "# ========")?;
     writeln!(out, "#")
@@ -193,6 +198,7 @@ fn write_sample(
     fields: &[Option<(String, String)>],
     out: &mut dyn Write,
 ) -> io::Result<()> {
+    let period = period.saturating_mul(u64::from(s.weight));
     writeln!(
         out,
         "{} {}/{} [{:03}] {}.{:06}: {period} {EVENT}:",

@@ -365,7 +365,7 @@ fn inferno_expected(p: &Profile) -> BTreeMap<String, u64> {
                     f.line.unwrap()
                 ),
                 FrameKind::Kernel => format!("{}_[k]", f.name),
-                FrameKind::Native | FrameKind::Marker => f.name.to_string(),
+                FrameKind::Native | FrameKind::Marker | FrameKind::State => f.name.to_string(),
             };
             parts.push(name.replace(';', ":"));
         }

@@ -162,12 +162,15 @@ pub fn label(profile: &Profile, id: FrameId) -> String {
         .map_or_else(|| "[unknown]".to_string(), crate::profile::Frame::label)
 }
 
-/// Whether a frame is synthetic (Process, Thread) or unknown.
+/// Whether a frame is synthetic (Process, Thread, the State ending an off-CPU stack) or
+/// unknown.
 fn synthetic(profile: &Profile, id: FrameId) -> bool {
-    profile
-        .frames()
-        .get(id.0 as usize)
-        .is_none_or(|f| matches!(f.kind, FrameKind::Process | FrameKind::Thread))
+    profile.frames().get(id.0 as usize).is_none_or(|f| {
+        matches!(
+            f.kind,
+            FrameKind::Process | FrameKind::Thread | FrameKind::State
+        )
+    })
 }
 
 /// Samples grouped by (stack, the sample values the keys use).
@@ -179,9 +182,9 @@ fn groups(profile: &Profile, cfg: &Config) -> (u64, HashMap<(StackId, SamplePart
         if !cfg.filter.accepts(s) {
             continue;
         }
-        total += 1;
+        total += u64::from(s.weight);
         *out.entry((s.stack, SampleParts::of(s, &cfg.keys, &empty)))
-            .or_default() += 1;
+            .or_default() += u64::from(s.weight);
     }
     (total, out)
 }
@@ -269,7 +272,7 @@ pub fn build(profile: &Profile, cfg: &Config) -> Table {
         rows.retain(|r| percent(r.children, total) >= cfg.percent_limit);
     }
     let mut table = Table {
-        all_samples: profile.samples().len() as u64,
+        all_samples: profile.total_weight(),
         total,
         hidden: before - rows.len(),
         rows,

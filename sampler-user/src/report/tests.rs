@@ -79,6 +79,8 @@ pub(super) fn add(p: &mut Profile, w: Who<'_>, frames: &[F<'_>], n: u32) {
             comm: w.comm.into(),
             thread_name: w.thread.into(),
             gil: GilState::Unknown,
+            state: crate::profile::ThreadState::OnCpu,
+            weight: 1,
         });
     }
 }
@@ -94,6 +96,7 @@ pub(super) fn meta() -> RunMeta {
         command_line: vec!["pyebpf".into(), "record".into(), "--all".into()],
         lost_samples: 3,
         errors: BTreeMap::new(),
+        idle: false,
     }
 }
 
@@ -730,7 +733,14 @@ fn usage_errors_are_one_line() {
     };
     assert_eq!(
         err(&opts("comm,bogus")),
-        "unknown sort key 'bogus': use comm, pid, tid, thread, module, function, srcline"
+        "unknown sort key 'bogus': use comm, pid, tid, thread, state, gil, module, function, \
+         srcline"
+    );
+    let mut o = opts("state");
+    o.states = vec!["napping".into()];
+    assert_eq!(
+        err(&o),
+        "unknown state 'napping': use on-cpu, runnable, sleeping, blocked, gil-wait"
     );
     assert!(err(&opts("")).starts_with("--sort needs at least one key"));
     let mut o = opts("comm");

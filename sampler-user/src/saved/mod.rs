@@ -1,8 +1,8 @@
 //! The saved profile (`.pyebpf`): every sample of a run with its metadata, to render any
 //! output or `report` from later.
 //!
-//! Owns: the file format: writing ([`SavedWriter`], streamed during a run; [`Saved`] for a whole
-//! profile), reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded
+//! Owns: the file format: writing ([`SavedWriter`], streamed during a run;
+//! [`writer::write_profile`] for a whole profile, which `output` renders as `-f pyebpf`), reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded
 //! profile is the saved one: same frames, stacks and ids, same samples in the same order, same
 //! metadata, so every output renders identically from either.
 //!
@@ -30,11 +30,10 @@ pub mod schema;
 mod tests;
 pub mod writer;
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::output::Renderer;
-use crate::profile::{FrameKind, GilState, Profile};
+use crate::profile::{FrameKind, GilState, ThreadState};
 
 pub use reader::{Loaded, load_from};
 pub use writer::SavedWriter;
@@ -42,8 +41,11 @@ pub use writer::SavedWriter;
 /// The first 8 bytes of every saved profile.
 pub const MAGIC: [u8; 8] = *b"\x89PYEBPF\n";
 
-/// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The newest format version this build reads, and the one it writes for a wall-clock run
+/// (`record --idle`: samples carry a state and a weight).
+pub const FORMAT_VERSION: u32 = 3;
+/// The version written for a run without `--idle` (readable by the pyebpf before version 3).
+pub const FORMAT_VERSION_PLAIN: u32 = 2;
 
 /// The writer's name in the file.
 const WRITER: &str = "pyebpf";
@@ -105,15 +107,6 @@ pub struct LoadError {
     pub error: FormatError,
 }
 
-/// Writer of a whole profile in the saved format (`report -f pyebpf`).
-pub struct Saved;
-
-impl Renderer for Saved {
-    fn render(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
-        writer::write_profile(profile, out)
-    }
-}
-
 /// Reads a saved profile from a file.
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     let with_path = |error| LoadError {
@@ -132,6 +125,7 @@ fn kind_to_wire(k: FrameKind) -> schema::FrameKind {
         FrameKind::Native => schema::FrameKind::Native,
         FrameKind::Kernel => schema::FrameKind::Kernel,
         FrameKind::Marker => schema::FrameKind::Marker,
+        FrameKind::State => schema::FrameKind::State,
     }
 }
 
@@ -144,6 +138,7 @@ fn kind_from_wire(k: schema::FrameKind) -> Option<FrameKind> {
         schema::FrameKind::Native => FrameKind::Native,
         schema::FrameKind::Kernel => FrameKind::Kernel,
         schema::FrameKind::Marker => FrameKind::Marker,
+        schema::FrameKind::State => FrameKind::State,
     })
 }
 
@@ -162,5 +157,25 @@ fn gil_from_wire(g: schema::GilState) -> GilState {
         schema::GilState::Held => GilState::Held,
         schema::GilState::Released => GilState::Released,
         schema::GilState::Disabled => GilState::Disabled,
+    }
+}
+
+fn state_to_wire(s: ThreadState) -> schema::ThreadState {
+    match s {
+        ThreadState::OnCpu => schema::ThreadState::OnCpu,
+        ThreadState::Runnable => schema::ThreadState::Runnable,
+        ThreadState::Sleeping => schema::ThreadState::Sleeping,
+        ThreadState::Blocked => schema::ThreadState::Blocked,
+        ThreadState::GilWait => schema::ThreadState::GilWait,
+    }
+}
+
+fn state_from_wire(s: schema::ThreadState) -> ThreadState {
+    match s {
+        schema::ThreadState::OnCpu => ThreadState::OnCpu,
+        schema::ThreadState::Runnable => ThreadState::Runnable,
+        schema::ThreadState::Sleeping => ThreadState::Sleeping,
+        schema::ThreadState::Blocked => ThreadState::Blocked,
+        schema::ThreadState::GilWait => ThreadState::GilWait,
     }
 }

@@ -17,8 +17,13 @@ use std::sync::Arc;
 
 use prost::Message as _;
 
-use super::{ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema};
-use crate::profile::{FileNames, Frame, FrameId, Profile, RunMeta, Sample, StackId};
+use super::{
+    ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema,
+    state_from_wire,
+};
+use crate::profile::{
+    FileNames, Frame, FrameId, FrameKind, Profile, RunMeta, Sample, StackId, ThreadState,
+};
 
 /// Largest chunk body (compressed), and largest decompressed chunk (a one-second batch of
 /// 10 kHz on 64 CPUs is about 10 MiB).
@@ -89,7 +94,10 @@ pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
         read: 0,
     };
     let version = read_header(&mut r)?;
-    let mut b = Builder::default();
+    let mut b = Builder {
+        version,
+        ..Builder::default()
+    };
     if version == 1 {
         // One gzip member holding one message with everything.
         let mut file = Vec::new();
@@ -217,6 +225,8 @@ fn decode_message(payload: &[u8]) -> Result<schema::SavedProfile, FormatError> {
 /// The profile being read, chunk by chunk; every index is checked against what came before.
 #[derive(Default)]
 struct Builder {
+    /// The file's format version.
+    version: u32,
     started: bool,
     ended: bool,
     /// The file ends inside a chunk.
@@ -280,6 +290,12 @@ impl Builder {
                 .ok()
                 .and_then(kind_from_wire)
                 .ok_or_else(|| corrupt(format!("frame {i} has unknown kind {}", f.kind)))?;
+            if kind == FrameKind::State && self.version < 3 {
+                return Err(corrupt(format!(
+                    "frame {i} is a thread state in a version {} file",
+                    self.version
+                )));
+            }
             let frame = Frame {
                 kind,
                 name: self.string(f.name, &what)?,
@@ -346,6 +362,15 @@ impl Builder {
                 "sample columns of different lengths ({n} stacks, {lengths:?} other fields)"
             )));
         }
+        // Version 3 columns: absent (every sample on a CPU, weight 1) or one value per sample.
+        for (name, len) in [("state", cols.state.len()), ("weight", cols.weight.len())] {
+            if len != 0 && (len != n || self.version < 3) {
+                return Err(corrupt(format!(
+                    "a {name} column of {len} values for {n} samples in a version {} file",
+                    self.version
+                )));
+            }
+        }
         self.samples.reserve(n);
         let mut time = 0u64;
         for i in 0..n {
@@ -367,6 +392,16 @@ impl Builder {
                     ))
                 })?;
             self.frame_refs += depth as u64;
+            let state = match cols.state.get(i) {
+                None => ThreadState::OnCpu,
+                Some(&v) => schema::ThreadState::try_from(v)
+                    .map(state_from_wire)
+                    .map_err(|_| corrupt(format!("sample {at} has unknown thread state {v}")))?,
+            };
+            let weight = cols.weight.get(i).copied().unwrap_or(1);
+            if weight == 0 {
+                return Err(corrupt(format!("sample {at} has weight 0")));
+            }
             self.samples.push(Sample {
                 stack: StackId(stack),
                 time_ns: time,
@@ -376,6 +411,8 @@ impl Builder {
                 comm: self.string(cols.comm[i], &what)?,
                 thread_name: self.string(cols.thread_name[i], &what)?,
                 gil: gil_from_wire(gil),
+                state,
+                weight,
             });
         }
         Ok(())
@@ -468,5 +505,6 @@ fn decode_meta(m: schema::RunMeta) -> Result<RunMeta, FormatError> {
         command_line: m.command_line,
         lost_samples: m.lost_samples,
         errors,
+        idle: m.idle,
     })
 }

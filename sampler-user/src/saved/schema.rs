@@ -1,8 +1,9 @@
 //! The protobuf messages of the saved profile, hand-written for prost (no `protoc`).
 //!
-//! Owns: the wire schema of format versions 1 and 2 (version 1: one `SavedProfile` with
-//! everything; version 2: one per chunk, each with the fields of its kind, see
-//! [`super::ChunkKind`]). The same schema as `.proto` text (field numbers
+//! Owns: the wire schema of format versions 1 to 3 (version 1: one `SavedProfile` with
+//! everything; versions 2 and 3: one per chunk, each with the fields of its kind, see
+//! [`super::ChunkKind`]; version 3 adds the per-sample `state` and `weight` of a wall-clock
+//! run, which change what a sample counts for, so that an older reader refuses it). The same schema as `.proto` text (field numbers
 //! are the contract; a reader ignores fields it does not know, so adding fields does not need a
 //! new format version, changing the meaning of one does):
 //!
@@ -31,6 +32,7 @@
 //!   repeated string command_line = 7;
 //!   uint64 lost_samples = 8;
 //!   repeated ErrorCount errors = 9;  // unique kinds
+//!   bool idle = 10;                  // a wall-clock run (record --idle)
 //! }
 //!
 //! message ErrorCount {
@@ -46,6 +48,7 @@
 //!   NATIVE = 4;
 //!   KERNEL = 5;
 //!   MARKER = 6;
+//!   STATE = 7;                   // version 3: the thread state ending an off-CPU stack
 //! }
 //!
 //! message Frame {
@@ -79,6 +82,16 @@
 //!   repeated uint32 thread_name = 6;    // index into strings
 //!   repeated GilState gil = 7;
 //!   repeated uint32 stack = 8;          // index into stacks
+//!   repeated ThreadState state = 9;     // version 3; empty: all ON_CPU
+//!   repeated uint32 weight = 10;        // version 3; empty: all 1
+//! }
+//!
+//! enum ThreadState {
+//!   ON_CPU = 0;
+//!   RUNNABLE = 1;
+//!   SLEEPING = 2;
+//!   BLOCKED = 3;
+//!   GIL_WAIT = 4;
 //! }
 //! ```
 
@@ -141,6 +154,9 @@ pub struct RunMeta {
     /// Errors by kind.
     #[prost(message, repeated, tag = "9")]
     pub errors: Vec<ErrorCount>,
+    /// A wall-clock run (`record --idle`).
+    #[prost(bool, tag = "10")]
+    pub idle: bool,
 }
 
 /// One error kind and its count.
@@ -172,6 +188,8 @@ pub enum FrameKind {
     Kernel = 5,
     /// Marker.
     Marker = 6,
+    /// Thread state (version 3).
+    State = 7,
 }
 
 /// One interned frame.
@@ -246,4 +264,26 @@ pub struct Samples {
     /// Stack (index).
     #[prost(uint32, repeated, tag = "8")]
     pub stack: Vec<u32>,
+    /// Thread state (version 3; empty: every sample on a CPU).
+    #[prost(enumeration = "ThreadState", repeated, tag = "9")]
+    pub state: Vec<i32>,
+    /// Weight (version 3; empty: every sample weighs 1).
+    #[prost(uint32, repeated, tag = "10")]
+    pub weight: Vec<u32>,
+}
+
+/// Thread states on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ThreadState {
+    /// On a CPU.
+    OnCpu = 0,
+    /// Runnable.
+    Runnable = 1,
+    /// Sleeping.
+    Sleeping = 2,
+    /// Blocked.
+    Blocked = 3,
+    /// Waiting for the GIL.
+    GilWait = 4,
 }

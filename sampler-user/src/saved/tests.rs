@@ -86,6 +86,7 @@ fn rich_profile() -> Profile {
         ],
         lost_samples: 12,
         errors,
+        idle: false,
     });
     let ids: Vec<FrameId> = rich_frames()
         .into_iter()
@@ -127,6 +128,8 @@ fn rich_profile() -> Profile {
             comm: comm.into(),
             thread_name: thread.into(),
             gil: gils[i % gils.len()],
+            state: crate::profile::ThreadState::OnCpu,
+            weight: 1,
         });
     }
     p
@@ -134,7 +137,7 @@ fn rich_profile() -> Profile {
 
 fn save(p: &Profile) -> Vec<u8> {
     let mut buf = Vec::new();
-    Saved.render(p, &mut buf).unwrap();
+    writer::write_profile(p, &mut buf).unwrap();
     buf
 }
 
@@ -382,7 +385,7 @@ fn error_messages() {
     ));
     assert_eq!(
         msg(&newer),
-        "written by a newer pyebpf (format version 7; this pyebpf reads up to version 2)"
+        "written by a newer pyebpf (format version 7; this pyebpf reads up to version 3)"
     );
 
     assert_eq!(
@@ -550,6 +553,8 @@ fn deep_batch(depth: usize, n: usize, name_len: usize) -> schema::SavedProfile {
             thread_name: vec![0; n],
             gil: vec![0; n],
             stack: vec![0; n],
+            state: Vec::new(),
+            weight: Vec::new(),
         }),
         ..schema::SavedProfile::default()
     }
@@ -646,6 +651,8 @@ fn compact_enough() {
             comm: "python3".into(),
             thread_name: "MainThread".into(),
             gil: GilState::Held,
+            state: crate::profile::ThreadState::OnCpu,
+            weight: 1,
         });
     }
     let bytes = save(&p);

@@ -12,7 +12,10 @@ use std::io::{self, Write};
 
 use prost::Message as _;
 
-use super::{ChunkKind, FORMAT_VERSION, MAGIC, WRITER, gil_to_wire, kind_to_wire, schema};
+use super::{
+    ChunkKind, FORMAT_VERSION, FORMAT_VERSION_PLAIN, MAGIC, WRITER, gil_to_wire, kind_to_wire,
+    schema, state_to_wire,
+};
 use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample};
 
 /// Samples per chunk when a whole profile is saved at once ([`super::Saved`]).
@@ -26,13 +29,21 @@ pub struct SavedWriter<W: Write> {
     frames: usize,
     stacks: usize,
     samples: u64,
+    /// Version 3: samples carry a state and a weight.
+    weighted: bool,
 }
 
 impl<W: Write> SavedWriter<W> {
-    /// Writes the header and the start chunk (writer, `meta` as known at the start).
+    /// Writes the header and the start chunk (writer, `meta` as known at the start). A
+    /// wall-clock run (`meta.idle`) is written as version 3, any other as version 2.
     pub fn new(mut out: W, meta: &RunMeta) -> io::Result<Self> {
         let mut head = MAGIC.to_vec();
-        head.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let version = if meta.idle {
+            FORMAT_VERSION
+        } else {
+            FORMAT_VERSION_PLAIN
+        };
+        head.extend_from_slice(&version.to_le_bytes());
         out.write_all(&head)?;
         let msg = schema::SavedProfile {
             writer: WRITER.to_string(),
@@ -47,6 +58,7 @@ impl<W: Write> SavedWriter<W> {
             frames: 0,
             stacks: 0,
             samples: 0,
+            weighted: meta.idle,
         })
     }
 
@@ -124,6 +136,8 @@ impl<W: Write> SavedWriter<W> {
             thread_name: Vec::with_capacity(n),
             gil: Vec::with_capacity(n),
             stack: Vec::with_capacity(n),
+            state: Vec::new(),
+            weight: Vec::new(),
         };
         let mut prev = 0u64;
         for s in samples {
@@ -136,6 +150,22 @@ impl<W: Write> SavedWriter<W> {
             cols.thread_name.push(self.strings.index(&s.thread_name)?);
             cols.gil.push(gil_to_wire(s.gil) as i32);
             cols.stack.push(s.stack.0);
+        }
+        if self.weighted {
+            cols.state = samples
+                .iter()
+                .map(|s| state_to_wire(s.state) as i32)
+                .collect();
+            cols.weight = samples.iter().map(|s| s.weight).collect();
+        } else if let Some(s) = samples
+            .iter()
+            .find(|s| s.weight != 1 || s.state.is_off_cpu())
+        {
+            return Err(io::Error::other(format!(
+                "a {} sample of weight {} in a profile not marked as a wall-clock run",
+                s.state.as_str(),
+                s.weight
+            )));
         }
         Ok(cols)
     }
@@ -197,6 +227,7 @@ pub(super) fn meta_to_wire(m: &RunMeta) -> schema::RunMeta {
         cpus: m.cpus as u64,
         command_line: m.command_line.clone(),
         lost_samples: m.lost_samples,
+        idle: m.idle,
         errors: m
             .errors
             .iter()

@@ -29,14 +29,15 @@ use blazesym::MaybeDefault;
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized};
 
+use crate::lru::Lru;
 use crate::procs::{FileId, Mapping, Process};
 
 /// Most files kept open (each also holds blazesym's parsed data). Beyond this, files are
 /// symbolized through the per-process path, which stops working when the process exits.
 const MAX_OPEN_FILES: usize = 1024;
-/// Most cached frames before the cache is cleared (bounds memory on huge runs).
+/// Most cached frames (least recently used dropped first; bounds memory on huge runs).
 const MAX_CACHED_FRAMES: usize = 1 << 20;
-/// Most (process, mapping) → file entries before that cache is cleared.
+/// Most cached (process, mapping) → file entries.
 const MAX_MAPPING_ENTRIES: usize = 1 << 16;
 
 /// A symbolized frame.
@@ -154,10 +155,10 @@ pub struct Symbolizer {
     host_root: Option<RootKey>,
     /// One blazesym per other root, whose debug directories come first.
     rooted: HashMap<RootKey, blazesym::symbolize::Symbolizer>,
-    by_mapping: HashMap<MappingSlot, Option<Arc<OpenFile>>>,
+    by_mapping: Lru<MappingSlot, Option<Arc<OpenFile>>>,
     by_file: HashMap<Arc<FileId>, Arc<OpenFile>>,
-    frames: HashMap<(Arc<FileId>, u64), Arc<SymbolizedFrame>>,
-    kernel: HashMap<u64, Arc<SymbolizedFrame>>,
+    frames: Lru<(Arc<FileId>, u64), Arc<SymbolizedFrame>>,
+    kernel: Lru<u64, Arc<SymbolizedFrame>>,
     kernel_source: Source<'static>,
     vdso: VdsoFile,
     stats: SymbolizeStats,
@@ -198,10 +199,10 @@ impl Symbolizer {
             blaze,
             host_root: root_key(std::path::Path::new("/")),
             rooted: HashMap::new(),
-            by_mapping: HashMap::new(),
+            by_mapping: Lru::new(MAX_MAPPING_ENTRIES),
             by_file: HashMap::new(),
-            frames: HashMap::new(),
-            kernel: HashMap::new(),
+            frames: Lru::new(MAX_CACHED_FRAMES),
+            kernel: Lru::new(MAX_CACHED_FRAMES),
             kernel_source,
             vdso: VdsoFile::default(),
             stats: SymbolizeStats::default(),
@@ -282,9 +283,6 @@ impl Symbolizer {
             return f.clone();
         }
         let frame = Arc::new(self.symbolize_file_offset(root, &file.path, offset, module));
-        if self.frames.len() >= MAX_CACHED_FRAMES {
-            self.frames.clear();
-        }
         self.frames.insert(key, frame.clone());
         frame
     }
@@ -377,9 +375,6 @@ impl Symbolizer {
             }
             f
         });
-        if self.by_mapping.len() >= MAX_MAPPING_ENTRIES {
-            self.by_mapping.clear();
-        }
         self.by_mapping.insert(slot, file.clone());
         file
     }
@@ -415,9 +410,6 @@ impl Symbolizer {
             }
         };
         let frame = Arc::new(frame);
-        if self.kernel.len() >= MAX_CACHED_FRAMES {
-            self.kernel.clear();
-        }
         self.kernel.insert(addr, frame.clone());
         frame
     }

@@ -51,6 +51,8 @@ pub struct TopConfig {
     pub kernel: bool,
     /// Only samples of threads holding the GIL.
     pub gil: bool,
+    /// Python threads off a CPU too (`--idle`).
+    pub idle: bool,
 }
 
 impl TopConfig {
@@ -76,6 +78,7 @@ impl TopConfig {
             kernel: self.kernel,
             threads: false,
             gil: self.gil,
+            idle: self.idle,
             subprocesses: false,
             stack_bytes: if self.native {
                 sampler_common::DEFAULT_STACK_BYTES
@@ -99,6 +102,7 @@ impl TopConfig {
             (self.native, "native"),
             (self.kernel, "kernel"),
             (self.gil, "gil"),
+            (self.idle, "idle"),
         ] {
             if on {
                 m.push_str(" +");

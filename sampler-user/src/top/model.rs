@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::profile::{FileNames, Frame, FrameId, FrameKind, Profile, Sample};
+use crate::profile::{FileNames, Frame, FrameId, FrameKind, Profile, Sample, ThreadState};
 
 /// A process that has not been sampled for this long leaves the process view.
 pub const PROC_LINGER: Duration = Duration::from_secs(30);
@@ -46,7 +46,9 @@ impl Label {
             },
             FrameKind::Native => frame.module.as_deref().unwrap_or_default().to_string(),
             FrameKind::Kernel => "kernel".to_string(),
-            FrameKind::Process | FrameKind::Thread | FrameKind::Marker => String::new(),
+            FrameKind::Process | FrameKind::Thread | FrameKind::Marker | FrameKind::State => {
+                String::new()
+            }
         };
         let name = match frame.kind {
             FrameKind::Process | FrameKind::Thread => {
@@ -88,6 +90,23 @@ pub struct FuncRow {
     pub own_acc: u64,
     /// `total`, accumulated since the start or the last reset.
     pub total_acc: u64,
+    /// `own_acc` by thread state (`ThreadState::ALL` order): with `--idle`, where the
+    /// function's own time was spent.
+    pub states_acc: [u64; 5],
+}
+
+impl FuncRow {
+    /// The state most of the row's own time was spent in, and its share in percent
+    /// (`None` without own samples).
+    pub fn main_state(&self) -> Option<(ThreadState, f64)> {
+        let own: u64 = self.states_acc.iter().sum();
+        let (i, n) = self
+            .states_acc
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, n)| (**n, std::cmp::Reverse(*i)))?;
+        (own > 0).then(|| (ThreadState::ALL[i], *n as f64 * 100.0 / own as f64))
+    }
 }
 
 /// One row of the process view.
@@ -129,6 +148,8 @@ pub struct Snapshot {
     pub procs: Vec<ProcRow>,
     /// Whether a window has been aggregated yet.
     pub ready: bool,
+    /// A wall-clock session (`--idle`): samples off a CPU too, and the State column.
+    pub idle: bool,
 }
 
 impl Snapshot {
@@ -206,6 +227,8 @@ pub struct Aggregator {
     total: Vec<u64>,
     /// Per frame id: the last sample (1-based, in the window) that counted it as total.
     seen: Vec<u32>,
+    /// Per frame id: accumulated own samples by thread state.
+    states_acc: Vec<[u64; 5]>,
 }
 
 impl Aggregator {
@@ -213,6 +236,7 @@ impl Aggregator {
     pub fn reset(&mut self) {
         self.own_acc.iter_mut().for_each(|c| *c = 0);
         self.total_acc.iter_mut().for_each(|c| *c = 0);
+        self.states_acc.iter_mut().for_each(|c| *c = [0; 5]);
         self.procs.clear();
     }
 
@@ -223,6 +247,7 @@ impl Aggregator {
             self.seen.resize(frames, 0);
             self.own_acc.resize(frames, 0);
             self.total_acc.resize(frames, 0);
+            self.states_acc.resize(frames, [0; 5]);
             self.labels.resize(frames, None);
         }
     }
@@ -233,9 +258,15 @@ impl Aggregator {
             .clone()
     }
 
-    /// Counts one sample (the `mark`-th of its window) into the window and the totals.
+    /// Counts one sample (the `mark`-th of its window) into the window and the totals, by its
+    /// weight. The state frame that ends an off-CPU stack is no row: its function is.
     fn count(&mut self, profile: &Profile, s: &Sample, mark: u32, w: &mut WindowCounts) {
-        let stack = profile.stack(s.stack);
+        let weight = u64::from(s.weight);
+        let full = profile.stack(s.stack);
+        let stack = match full.split_last() {
+            Some((last, rest)) if profile.frame(*last).kind == FrameKind::State => rest,
+            _ => full,
+        };
         let is_root = |id: &FrameId| {
             matches!(
                 profile.frame(*id).kind,
@@ -248,12 +279,17 @@ impl Aggregator {
                 let k = id.0 as usize;
                 if self.seen[k] != mark {
                     self.seen[k] = mark;
-                    self.total[k] += 1;
+                    self.total[k] += weight;
                 }
             }
         }
         if let Some(leaf) = stack.last() {
-            self.own[leaf.0 as usize] += 1;
+            self.own[leaf.0 as usize] += weight;
+            let state = ThreadState::ALL
+                .iter()
+                .position(|st| *st == s.state)
+                .unwrap_or(0);
+            self.states_acc[leaf.0 as usize][state] += weight;
         }
         if let Some(py) = stack
             .iter()
@@ -261,16 +297,16 @@ impl Aggregator {
             .find(|id| profile.frame(**id).kind == FrameKind::Python)
         {
             w.python_pids.insert(s.pid);
-            *w.innermost_py.entry((s.pid, *py)).or_default() += 1;
+            *w.innermost_py.entry((s.pid, *py)).or_default() += weight;
         }
-        *w.per_proc.entry(s.pid).or_default() += 1;
+        *w.per_proc.entry(s.pid).or_default() += weight;
         let p = self.procs.entry(s.pid).or_insert_with(|| ProcAcc {
             comm: s.comm.clone(),
             samples_acc: 0,
             last_seen: w.end,
             hottest: None,
         });
-        p.samples_acc += 1;
+        p.samples_acc += weight;
         p.last_seen = w.end;
         if p.comm != s.comm {
             p.comm = s.comm.clone();
@@ -309,6 +345,7 @@ impl Aggregator {
                     total: self.total[k],
                     own_acc: self.own_acc[k],
                     total_acc: self.total_acc[k],
+                    states_acc: self.states_acc[k],
                 });
             }
         }
@@ -357,7 +394,7 @@ impl Aggregator {
         Snapshot {
             elapsed,
             window,
-            samples: samples.len() as u64,
+            samples: samples.iter().map(|s| u64::from(s.weight)).sum(),
             lost_samples,
             python_procs,
             rate_hz: profile.meta.rate_hz,
@@ -365,6 +402,7 @@ impl Aggregator {
             funcs,
             procs,
             ready: true,
+            idle: profile.meta.idle,
         }
     }
 }

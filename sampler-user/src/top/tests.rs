@@ -48,6 +48,8 @@ fn add(p: &mut Profile, pid: u32, comm: &str, frames: &[Frame], n: usize) {
             comm: comm.into(),
             thread_name: comm.into(),
             gil: GilState::Unknown,
+            state: crate::profile::ThreadState::OnCpu,
+            weight: 1,
         });
     }
 }
@@ -310,4 +312,65 @@ fn before_the_first_window() {
     let ui = Ui::new("all processes".into());
     let lines = render(&Snapshot::default(), &ui, 80, 24);
     assert_eq!(lines.last().unwrap().text, "(collecting samples...)");
+}
+
+/// `top --idle`: weighted samples count by weight, the state frame is no row (its function
+/// is), and the State column says where each function's own time went.
+#[test]
+fn idle_rows_count_weights_and_show_states() {
+    use crate::profile::ThreadState;
+    let mut p = Profile::new(RunMeta {
+        rate_hz: 100,
+        cpus: 2,
+        idle: true,
+        ..RunMeta::default()
+    });
+    let root = p.intern_frame(Frame::new(FrameKind::Process, "python3 (1)"));
+    let main = p.intern_frame(py("main", 1));
+    let nap = p.intern_frame(py("nap", 2));
+    let state = p.intern_frame(Frame::new(
+        FrameKind::State,
+        "[off-CPU: sleeping in clock_nanosleep]",
+    ));
+    let asleep = p.intern_stack(&[root, main, nap, state]);
+    let running = p.intern_stack(&[root, main, nap]);
+    for (stack, st, weight) in [
+        (asleep, ThreadState::Sleeping, 6),
+        (running, ThreadState::OnCpu, 1),
+        (running, ThreadState::OnCpu, 1),
+    ] {
+        p.add_sample(Sample {
+            stack,
+            time_ns: 0,
+            pid: 1,
+            tid: 1,
+            cpu: 0,
+            comm: "python3".into(),
+            thread_name: "python3".into(),
+            gil: GilState::Unknown,
+            state: st,
+            weight,
+        });
+    }
+    let mut agg = Aggregator::default();
+    let s = window(&mut agg, &mut p, SEC, SEC);
+    assert!(s.idle);
+    assert_eq!(s.samples, 8);
+    let r = row(&s, "nap").expect("nap row");
+    assert_eq!((r.own, r.total), (8, 8));
+    assert_eq!(r.main_state(), Some((ThreadState::Sleeping, 75.0)));
+    assert!(
+        s.funcs.iter().all(|r| !r.label.name.contains("off-CPU")),
+        "{:?}",
+        s.funcs
+    );
+    let ui = Ui::new("pid 1 +idle".into());
+    let screen = render(&s, &ui, 120, 20);
+    let text: Vec<&str> = screen.iter().map(|l| l.text.as_str()).collect();
+    assert!(text[3].contains("State"), "{text:?}");
+    assert!(
+        text.iter()
+            .any(|l| l.contains("sleeping 75%") && l.contains("nap")),
+        "{text:?}"
+    );
 }

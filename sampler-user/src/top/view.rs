@@ -258,21 +258,44 @@ fn header(snap: &Snapshot, ui: &Ui) -> Vec<Line> {
     ]
 }
 
-/// The function table: titles, then at most `rows` rows, in `w` cells.
+/// Width of the State column (`--idle`): `gil-wait 100%`.
+const STATE_WIDTH: usize = 13;
+
+/// The State cell of a function row: where most of its own time went since the start
+/// (`sleeping 62%`).
+fn state_cell(r: &super::model::FuncRow) -> String {
+    r.main_state().map_or_else(
+        || "-".to_string(),
+        |(s, pct)| format!("{} {pct:.0}%", s.as_str()),
+    )
+}
+
+/// The function table: titles, then at most `rows` rows, in `w` cells. With `--idle` a State
+/// column says where each function's own time went.
 fn func_table(snap: &Snapshot, ui: &Ui, w: usize, rows: usize, lines: &mut Vec<Line>) {
+    let state_title = if snap.idle {
+        format!("{:<STATE_WIDTH$}  ", "State")
+    } else {
+        String::new()
+    };
     lines.push(Line {
         text: format!(
-            "{:>7}  {:>7}  {:>9}  {:>10}  Function (file:line or module)",
+            "{:>7}  {:>7}  {:>9}  {:>10}  {state_title}Function (file:line or module)",
             "%Own", "%Total", "OwnTime", "TotalTime"
         ),
         style: Style::Reverse,
     });
     let mut funcs = snap.funcs.clone();
     sort_funcs(&mut funcs, ui.func_sort);
-    let fixed = 7 + 2 + 7 + 2 + 9 + 2 + 10 + 2;
+    let fixed = 7 + 2 + 7 + 2 + 9 + 2 + 10 + 2 + if snap.idle { STATE_WIDTH + 2 } else { 0 };
     for r in funcs.iter().take(rows) {
+        let state = if snap.idle {
+            format!("{:<STATE_WIDTH$}  ", state_cell(r))
+        } else {
+            String::new()
+        };
         lines.push(plain(format!(
-            "{:>6.1}%  {:>6.1}%  {:>8.2}s  {:>9.2}s  {}",
+            "{:>6.1}%  {:>6.1}%  {:>8.2}s  {:>9.2}s  {state}{}",
             snap.percent(r.own),
             snap.percent(r.total),
             snap.seconds(r.own_acc),

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 
+use crate::lru::Lru;
 use crate::procs::elf::{ElfInfo, ReadAt, read_elf_info, read_section};
 use crate::procs::{FileId, Mapping, Process, read_own_vdso};
 
@@ -24,8 +25,8 @@ pub type SectionBytes = Arc<[u8]>;
 
 /// Largest unwind section read (libxul-sized `.eh_frame` is ~10 MiB).
 const MAX_SECTION: u64 = 256 << 20;
-/// Most files whose unwind data is kept; the cache is cleared beyond this (re-reading is cheap
-/// compared to unbounded growth on a busy host).
+/// Most files whose unwind data is kept; the least recently used is dropped beyond this
+/// (re-reading is cheap compared to unbounded growth on a busy host).
 const MAX_FILES: usize = 4096;
 
 /// Unwind data of one ELF file, independent of where it is mapped.
@@ -130,11 +131,20 @@ enum VdsoState {
 }
 
 /// Builds modules, caching per file.
-#[derive(Default)]
 pub struct ModuleBuilder {
-    files: HashMap<FileId, Option<Arc<FileUnwindData>>>,
+    files: Lru<FileId, Option<Arc<FileUnwindData>>>,
     vdso: VdsoState,
     stats: ModuleStats,
+}
+
+impl Default for ModuleBuilder {
+    fn default() -> Self {
+        ModuleBuilder {
+            files: Lru::new(MAX_FILES),
+            vdso: VdsoState::default(),
+            stats: ModuleStats::default(),
+        }
+    }
 }
 
 /// Identity of a mapping within one process, to reuse modules across rebuilds.
@@ -202,9 +212,6 @@ impl ModuleBuilder {
             self.stats.not_elf += 1;
             None
         };
-        if self.files.len() >= MAX_FILES {
-            self.files.clear();
-        }
         self.files.insert(opened.id, data.clone());
         data
     }

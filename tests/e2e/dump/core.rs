@@ -52,8 +52,9 @@ fn dump_core_json(args: &[&str]) -> Value {
 
 /// What must be the same in a live dump and a dump of its core: per thread (by name) its ids and
 /// Python frames with their locals. `tid` too (gcore and a kernel core without a pid namespace
-/// number threads as the host does).
-fn comparable(dump: &Value) -> Vec<Value> {
+/// number threads as the host does), except for a kernel core of a process in its own pid
+/// namespace, whose notes number threads as the process saw them.
+fn comparable(dump: &Value, with_tid: bool) -> Vec<Value> {
     let mut threads: Vec<Value> = dump["threads"]
         .as_array()
         .unwrap()
@@ -70,7 +71,12 @@ fn comparable(dump: &Value) -> Vec<Value> {
                         "first_line": f["first_line"], "locals": f["locals"]})
                 })
                 .collect();
-            serde_json::json!({"name": t["name"], "tid": t["tid"],
+            let tid = if with_tid {
+                t["tid"].clone()
+            } else {
+                Value::Null
+            };
+            serde_json::json!({"name": t["name"], "tid": tid,
                 "native_thread_id": t["native_thread_id"],
                 "python_thread_id": t["python_thread_id"], "frames": frames})
         })
@@ -90,20 +96,23 @@ enum Stacks {
     /// stack (3.14+ entry frames) are then lost: the dump must show the frames before them and
     /// say the stack is truncated.
     ThreadStacksZeroed,
+    /// Complete, from a process in its own pid namespace: thread ids are the namespace's.
+    CompleteNamespaced,
 }
 
 /// The locals thread of both dumps must match exactly; the main thread (it sleeps in a loop and
 /// may be between two sleeps) by its ids and name.
 #[track_caller]
 fn assert_same(what: &str, live: &Value, core: &Value, stacks: Stacks) {
-    let (a, b) = (comparable(live), comparable(core));
+    let with_tid = stacks != Stacks::CompleteNamespaced;
+    let (a, b) = (comparable(live, with_tid), comparable(core, with_tid));
     assert_eq!(
         a.len(),
         b.len(),
         "{what}: thread count\nlive {a:#?}\ncore {b:#?}"
     );
     for (x, y) in a.iter().zip(&b) {
-        if x["name"] == "locals-thread" && stacks == Stacks::Complete {
+        if x["name"] == "locals-thread" && stacks != Stacks::ThreadStacksZeroed {
             assert_eq!(x, y, "{what}: the locals thread differs");
             assert_eq!(thread(core, "locals-thread")["truncated"], false, "{what}");
         } else if x["name"] == "locals-thread" {
@@ -121,6 +130,9 @@ fn assert_same(what: &str, live: &Value, core: &Value, stacks: Stacks) {
             assert_eq!(thread(core, "locals-thread")["truncated"], true, "{what}");
         } else {
             for k in ["name", "tid", "native_thread_id", "python_thread_id"] {
+                if k == "tid" && !with_tid {
+                    continue;
+                }
                 assert_eq!(x[k], y[k], "{what}: {k} of {}", x["name"]);
             }
         }
@@ -204,7 +216,7 @@ fn gcore(name: &str, stacks: Stacks) {
     assert_same(&format!("{name} gcore, gzip"), &live, &zipped, stacks);
     let native = dump_core_json(&["--core", c, "--locals", "--native"]);
     let merged_thread = match stacks {
-        Stacks::Complete => "locals-thread",
+        Stacks::Complete | Stacks::CompleteNamespaced => "locals-thread",
         Stacks::ThreadStacksZeroed => "MainThread",
     };
     check_native(
@@ -404,6 +416,62 @@ fn kernel_core_3_14_chrooted() {
 #[test]
 fn kernel_core_3_15_chrooted() {
     kernel_core("3.15");
+}
+
+/// A kernel core of a process in its own pid and mount namespace, `pivot_root`ed into the sid
+/// root (a container): the core names files as the container sees them and numbers threads in
+/// its pid namespace; `--root` is the container's root.
+#[test]
+fn kernel_core_3_14_container() {
+    let Some(interp) = setup("3.14") else { return };
+    let pattern = CorePattern::ensure_local();
+    let scratch = Scratch::new("kernel-container");
+    let mut w = Workload::start(
+        &interp,
+        "locals.py",
+        "locals.py",
+        &[],
+        &[("PYEBPF_CHDIR_TO_SCRIPT", "1")],
+        Launch::PivotRootChild,
+    );
+    let ns_pid = w.ready["pid"].as_u64().unwrap();
+    assert!(
+        u64::from(w.pid) != ns_pid,
+        "a pid of its own namespace: {ns_pid}"
+    );
+    let live = dump_json_with(w.pid, &["--locals"]);
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit(2) on the process this test started, with a valid new limit.
+    let r = unsafe {
+        libc::prlimit(
+            w.pid as i32,
+            libc::RLIMIT_CORE,
+            &raw const unlimited,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "prlimit RLIMIT_CORE");
+    w.signal_namespaced_and_wait(libc::SIGQUIT);
+    drop(pattern);
+    let core = scratch.0.join("core");
+    std::fs::rename(kernel_core_in(w.host_dir()), &core).unwrap();
+    let c = core.to_str().unwrap();
+    let root = root_of(&interp);
+    let dumped = dump_core_json(&["--core", c, "--root", &root, "--locals"]);
+    assert_eq!(dumped["pid"], ns_pid, "the pid in its namespace");
+    assert_same(
+        "3.14 container kernel core",
+        &live,
+        &dumped,
+        Stacks::CompleteNamespaced,
+    );
+    let native = dump_core_json(&["--core", c, "--root", &root, "--locals", "--native"]);
+    for t in ["locals-thread", "MainThread"] {
+        check_native("3.14 container kernel core --native", &dumped, &native, t);
+    }
 }
 
 /// Asserts exit 1 with exactly one line on stderr containing `needle`; returns stdout.

@@ -162,6 +162,10 @@ fn sorted_key_3_15_static_stripped() {
 }
 
 fn two_threads(name: &str) {
+    two_threads_as(name, Launch::Plain);
+}
+
+fn two_threads_as(name: &str, launch: Launch) {
     let Some(interp) = setup(name) else { return };
     let w = Workload::start(
         &interp,
@@ -169,7 +173,7 @@ fn two_threads(name: &str) {
         "two_threads.py",
         &[],
         &[],
-        Launch::Plain,
+        launch,
     );
     let plain = dump_json_with(w.pid, &[]);
     let native = dump_json_with(w.pid, &["--native"]);
@@ -234,6 +238,13 @@ fn two_threads_3_14() {
 #[test]
 fn two_threads_3_15() {
     two_threads("3.15");
+}
+
+/// In its own pid and mount namespace (`pivot_root` into the sid root): threads are stopped by
+/// their host ids, files are opened through the process's root.
+#[test]
+fn two_threads_3_14_container() {
+    two_threads_as("3.14", Launch::PivotRoot);
 }
 
 /// Processes that exit while `dump --native` runs: whatever the moment, one line on stderr

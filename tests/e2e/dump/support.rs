@@ -33,6 +33,9 @@ pub enum Launch {
     /// In its own pid and mount namespace, `pivot_root` into the interpreter's root (which must
     /// have one): `/proc/PID/root` of the target is not the host's `/`.
     PivotRoot,
+    /// Like [`Launch::PivotRoot`], with a shell as the namespace's pid 1 and Python its child:
+    /// a pid 1 ignores the signals it has no handler for (no core on `SIGQUIT`).
+    PivotRootChild,
 }
 
 /// A running workload, killed (and its directory removed) on drop.
@@ -86,7 +89,8 @@ impl Workload {
 
         let mut cmd = match launch {
             Launch::Plain => interp.command(&py_args),
-            Launch::PivotRoot => pivot_root_command(interp, &py_args),
+            Launch::PivotRoot => pivot_root_command(interp, &py_args, true),
+            Launch::PivotRootChild => pivot_root_command(interp, &py_args, false),
         };
         let stderr_path = host_dir.join("stderr.txt");
         cmd.envs(env.iter().copied())
@@ -117,7 +121,10 @@ impl Workload {
         }
         w.ready = serde_json::from_str(&std::fs::read_to_string(&ready_host).unwrap())
             .expect("ready file is not JSON");
-        if launch == Launch::PivotRoot {
+        if launch == Launch::PivotRootChild {
+            let shell = child_of(w.pid).unwrap_or_else(|| panic!("no child of unshare {}", w.pid));
+            w.pid = child_of(shell).unwrap_or_else(|| panic!("no child of the shell {shell}"));
+        } else if launch == Launch::PivotRoot {
             w.pid = child_of(w.pid).unwrap_or_else(|| panic!("no child of unshare {}", w.pid));
         }
         w
@@ -171,6 +178,18 @@ impl Workload {
         &self.host_dir
     }
 
+    /// Sends `signal` to the Python process of a namespaced launch (not our child) and waits
+    /// until the launcher (our child, which waits for it) has exited.
+    pub fn signal_namespaced_and_wait(&mut self, signal: i32) {
+        let guard = self.guard.as_mut().expect("a running workload");
+        assert_ne!(guard.pid(), self.pid, "a namespaced launch");
+        // SAFETY: kill(2) on the process this test started (its launcher has not been waited
+        // for, so the pid is still this process or its zombie).
+        unsafe { libc::kill(self.pid as i32, signal) };
+        guard.0.wait().expect("wait for the launcher");
+        self.guard = None;
+    }
+
     /// Sends `signal` to the Python process (our child: a plain launch) and waits until it is
     /// gone; returns how it ended.
     pub fn signal_and_wait(&mut self, signal: i32) -> std::process::ExitStatus {
@@ -206,7 +225,7 @@ impl Drop for Workload {
 /// `unshare --pid --mount --fork` a shell that bind-mounts the interpreter's root onto itself,
 /// mounts a fresh /proc in it, `pivot_root`s into it, lazily unmounts the old root and execs the
 /// interpreter: the target's `/proc/PID/root` is its own root, its tids are namespaced.
-fn pivot_root_command(interp: &Interpreter, py_args: &[&str]) -> Command {
+fn pivot_root_command(interp: &Interpreter, py_args: &[&str], exec: bool) -> Command {
     const PIVOT: &str = r#"set -e
 root=$1; shift
 mount --bind "$root" "$root"
@@ -215,12 +234,14 @@ cd "$root"
 pivot_root . mnt
 cd /
 umount -l /mnt
-exec "$@""#;
+if [ "$EXEC" = 1 ]; then exec "$@"; fi
+"$@""#;
     let root = interp
         .root
         .as_ref()
         .expect("a pivot_root launch needs an interpreter with a root");
     let mut c = Command::new("unshare");
+    c.env("EXEC", if exec { "1" } else { "0" });
     c.args([
         "--pid",
         "--mount",

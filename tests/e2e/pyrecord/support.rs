@@ -149,6 +149,20 @@ impl Workload {
         Workload::spawn_as(interp, script, args, env, Launch::Plain)
     }
 
+    /// [`Workload::spawn`] with arguments naming files in the workload's own directory:
+    /// `args(dir)` with the directory as the interpreter sees it.
+    pub fn spawn_with(
+        interp: &Interpreter,
+        script: &str,
+        env: &[(&str, &str)],
+        args: impl FnOnce(&str) -> Vec<String>,
+    ) -> Workload {
+        let files = Installed::new(interp, script);
+        let args = args(&files.inner_dir);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Workload::spawn_installed(interp, files, &args, env, Launch::Plain)
+    }
+
     /// [`Workload::spawn`] with a choice of launch.
     pub fn spawn_as(
         interp: &Interpreter,
@@ -158,6 +172,16 @@ impl Workload {
         launch: Launch,
     ) -> Workload {
         let files = Installed::new(interp, script);
+        Workload::spawn_installed(interp, files, args, env, launch)
+    }
+
+    fn spawn_installed(
+        interp: &Interpreter,
+        files: Installed,
+        args: &[&str],
+        env: &[(&str, &str)],
+        launch: Launch,
+    ) -> Workload {
         let ready_inner = format!("{}/ready.json", files.inner_dir);
         let mut py_args = vec![files.script.as_str(), ready_inner.as_str()];
         py_args.extend_from_slice(args);

@@ -13,12 +13,14 @@
 //! | `accuracy.rs` | 4. attribution accuracy                                               |
 //! | `startup.rs`  | 5. start-up latency and peak RSS                                      |
 //! | `versions.rs` | 6. the eBPF program's cost per sample by CPython version (3.8–3.15)   |
+//! | `offcpu.rs`   | 8. `--idle` on a switch-heavy target beside `py-spy --idle`           |
 //! | `folded.rs`, `stats.rs`, `report.rs`, `sys.rs` | parsing, medians, Markdown, syscalls |
 //!
 //! Figures that need work still in progress (Python frames in pyebpf's output) print
 //! "n/a: reason", decided at run time from the outputs, so they fill in once it lands.
 mod accuracy;
 mod folded;
+mod offcpu;
 mod pipeline;
 mod proc;
 mod profilers;
@@ -265,6 +267,9 @@ fn figures(ctx: &Ctx, opts: &Options, t: &mut Timings) -> Result<Vec<report::Tab
     }
     if wanted(7) {
         tables.push(t.phase("7. record pipeline", || Ok(pipeline::measure(ctx)))?);
+    }
+    if wanted(8) {
+        tables.push(t.phase("8. off-CPU (--idle)", || Ok(offcpu::measure(ctx)))?);
     }
     Ok(tables)
 }

@@ -90,6 +90,8 @@ pub struct Finished {
     /// The perf-event program's statistics read just before the stop (pyebpf).
     pub bpf: Option<BpfStats>,
     pub out: PathBuf,
+    /// Everything it printed on stderr (its summary).
+    pub stderr: String,
 }
 
 /// Spawns the profiler and waits until it samples (at most `ready_timeout`).
@@ -216,6 +218,7 @@ impl Running {
             duration_s: None,
             bpf,
             out: self.out,
+            stderr: stderr.clone(),
         };
         for line in stderr.lines() {
             match self.who {

@@ -293,7 +293,7 @@ fn slowdown_table(ctx: &Ctx, results: &Results) -> Table {
 }
 
 /// Per round: value / alone − 1, in percent.
-fn paired_change(v: &Runs, alone: &Runs) -> Runs {
+pub(super) fn paired_change(v: &Runs, alone: &Runs) -> Runs {
     v.iter()
         .zip(alone)
         .map(|(w, a)| match (w, a) {

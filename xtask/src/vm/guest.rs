@@ -54,10 +54,12 @@ pub const UNIT_TESTS: &[&str] = &[
     "collect::python_tests::kernel_capture_translates_tids_of_a_foreign_pid_namespace",
     "collect::python_tests::kernel_capture_truncates_beyond_the_frame_budget",
     "collect::python_tests::kernel_stops_at_the_first_invalid_frame",
+    "collect::offcpu_tests::offcpu_program_loads_in_every_supported_variant",
 ];
 
 /// End-to-end tests, by exact name: `record -p` exact stacks on 3.12 and 3.13t, `record --all`
-/// with 3.12, 3.13t and 3.14 at once, the `--native` merge, `--gil`, `--kernel`, `dump`.
+/// with 3.12, 3.13t and 3.14 at once, the `--native` merge, `--gil`, `--kernel`, `dump`,
+/// `--idle` off-CPU stacks in each variant (timing-free).
 pub const E2E_TESTS: &[&str] = &[
     "pyrecord::stacks::deep_stack_3_12",
     "pyrecord::stacks::deep_stack_3_13t",
@@ -66,6 +68,7 @@ pub const E2E_TESTS: &[&str] = &[
     "pyrecord::gil::gil_keeps_only_the_thread_holding_the_gil_3_12",
     "record::kernel_frames_above_user_frames",
     "dump::two_threads_3_12",
+    "pyrecord::idle::idle_off_cpu_stacks_each_variant_3_12",
 ];
 
 /// Directories the tests write below the read-only root, besides /tmp: the sid root's /tmp
