@@ -873,7 +873,7 @@ mod tests {
         gil_locked: 0,
         gil_holder: 0,
         gil_enabled: 0,
-        _pad: 0,
+        gil_size: 0,
         executable_tag_mask: 0,
         code_ob_type: 8,
         code_name: 128,

@@ -138,15 +138,22 @@ impl Variant for Bounded {
     }
 }
 
-/// The user registers the sampler needs from a saved `pt_regs`.
+/// The registers the programs need from a saved `pt_regs`: the user frame (`ip`, `cs`, `sp`,
+/// `bp`) and, for the off-CPU program, what tells a `syscall` entry (`orig_ax`, `cx`, `r11`,
+/// `flags`) and the first argument (`di`). Unused fields cost nothing (the reads are inlined).
 pub struct SavedRegs {
     pub ip: u64,
     pub cs: u64,
     pub sp: u64,
     pub bp: u64,
+    pub orig_ax: u64,
+    pub cx: u64,
+    pub r11: u64,
+    pub flags: u64,
+    pub di: u64,
 }
 
-/// `rip`, `cs`, `rsp` and `rbp` of the `pt_regs` at `regs`: one read of `rbp`..`rsp` (128
+/// The [`SavedRegs`] of the `pt_regs` at `regs`: one read of `rbp`..`rsp` (128
 /// bytes) into the per-CPU scratch buffer (the Python walk uses it later), never onto the BPF
 /// stack, which the program and the walk's calls share (512 bytes; 6.1 counts each frame
 /// rounded up to 32), and one branch, not one per field (each is a path the verifier follows
@@ -182,6 +189,11 @@ fn read_saved_regs(regs: u64) -> Result<SavedRegs, ()> {
             cs: *w.add(at(core::mem::offset_of!(pt_regs, cs))),
             sp: *w.add(at(core::mem::offset_of!(pt_regs, rsp))),
             bp: *w.add(at(FROM)),
+            orig_ax: *w.add(at(core::mem::offset_of!(pt_regs, orig_rax))),
+            cx: *w.add(at(core::mem::offset_of!(pt_regs, rcx))),
+            r11: *w.add(at(core::mem::offset_of!(pt_regs, r11))),
+            flags: *w.add(at(core::mem::offset_of!(pt_regs, eflags))),
+            di: *w.add(at(core::mem::offset_of!(pt_regs, rdi))),
         })
     }
 }

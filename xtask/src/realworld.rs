@@ -37,7 +37,10 @@ const MARKER: &str = ".pyebpf-realworld";
 
 /// The directory on the host.
 pub fn site(cache: &Cache) -> PathBuf {
-    cache.0.join("roots/sid").join(SITE_IN_ROOT.trim_start_matches('/'))
+    cache
+        .0
+        .join("roots/sid")
+        .join(SITE_IN_ROOT.trim_start_matches('/'))
 }
 
 /// Installs [`PACKAGES`] into [`site`] unless the marker says they are there.

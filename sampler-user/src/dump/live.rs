@@ -29,13 +29,13 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
     let threads = proc.threads()?;
     let gil_enabled = proc.gil_enabled().unwrap_or(true);
     let cmdline = live_cmdline(pid);
-    let mut paused = None;
+    let mut pause_stats = None;
     let (threads, pauses) = if opts.native {
         let (t, p) = native_threads(&mut proc, threads)?;
         (t, Some(p))
     } else if opts.pause {
         let (t, p) = paused_threads(&mut proc, threads)?;
-        paused = Some(p);
+        pause_stats = Some(p);
         (t, None)
     } else {
         let mut out = Vec::with_capacity(threads.len());
@@ -54,7 +54,7 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
         threads,
         counts: proc.error_counts().clone(),
         pauses,
-        paused,
+        paused: pause_stats,
     })
 }
 

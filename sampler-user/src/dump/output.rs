@@ -368,17 +368,7 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
                 }
             }
         }
-        if t.torn {
-            writeln!(
-                out,
-                "    ... torn: the stack changed while it was read ({} reads); the {} frames above \
-                 are what was read (--pause stops the thread for a consistent stack)",
-                t.rereads + 1,
-                py.frames.len()
-            )?;
-        } else if py.truncated {
-            writeln!(out, "    ... truncated at {} frames", py.frames.len())?;
-        }
+        write_cut(t, out)?;
     }
     let counts = &s.counts;
     if counts.total() > 0 {
@@ -389,6 +379,23 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
         writeln!(out, "\n(read errors: {})", list.join(", "))?;
     }
     Ok(())
+}
+
+/// The line under a thread whose stack was torn (changed while it was read) or truncated.
+fn write_cut(t: &ThreadDump, out: &mut dyn Write) -> std::io::Result<()> {
+    let n = t.py.frames.len();
+    if t.torn {
+        writeln!(
+            out,
+            "    ... torn: the stack changed while it was read ({} reads); the {n} frames above \
+             are what was read (--pause stops the thread for a consistent stack)",
+            t.rereads + 1,
+        )
+    } else if t.py.truncated {
+        writeln!(out, "    ... truncated at {n} frames")
+    } else {
+        Ok(())
+    }
 }
 
 /// `Arguments:` and `Locals:` under a frame, one `name = value` per line.

@@ -198,6 +198,8 @@ mod tests {
                 comm: "app".into(),
                 thread_name: "app".into(),
                 gil: GilState::Unknown,
+                state: crate::profile::ThreadState::OnCpu,
+                weight: 1,
             });
         }
     }

@@ -144,6 +144,9 @@ pub fn walk(
     Ok(out)
 }
 
+/// An interpreter and the `(native_thread_id, thread_id)` of each of its thread states.
+pub type InterpThreadIds = (u64, Vec<(u64, u64)>);
+
 /// Every interpreter's thread list without frames: (interpreter, `(native_thread_id,
 /// thread_id)` per thread state). What thread names need: much less to read than [`walk`],
 /// and no frame of a thread that ends meanwhile is read (its failures would say nothing about
@@ -152,7 +155,7 @@ pub fn thread_ids(
     ctx: Ctx<'_>,
     runtime: u64,
     limits: Limits,
-) -> Result<Vec<(u64, Vec<(u64, u64)>)>, PyError> {
+) -> Result<Vec<InterpThreadIds>, PyError> {
     let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
     let to_py = |e| PyError::from_mem(pid, e);
     let mut counts = ErrorCounts::default();

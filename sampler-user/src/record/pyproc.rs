@@ -345,6 +345,7 @@ impl PyProc {
         let mut out = PyStack {
             items: Vec::with_capacity(seed.items.len()),
             truncated: seed.truncated,
+            invalid: false,
             eval: self.eval.clone(),
         };
         for item in &seed.items {

@@ -137,25 +137,7 @@ impl StackBuilder {
             let label = format!("{thread_name} ({})", s.tid);
             stack.push(profile.intern_frame(Frame::new(FrameKind::Thread, label)));
         }
-        let mut py_items = std::mem::take(&mut self.py_scratch);
-        py_items.clear();
-        for item in py.iter().flat_map(|p| &p.items) {
-            py_items.push(match *item {
-                PyItem::Frame(f) => {
-                    PyItem::Frame(if let Some(id) = self.py_frames.get(f.0 as usize) {
-                        *id
-                    } else {
-                        // Cannot happen (numbers travel before their first use); never guess.
-                        *self.errors.entry("python_frame_index".into()).or_default() += 1;
-                        profile.intern_frame(Frame::new(
-                            FrameKind::Python,
-                            super::pyproc::UNKNOWN_PY_FRAME,
-                        ))
-                    })
-                }
-                PyItem::Entry => PyItem::Entry,
-            });
-        }
+        let py_items = self.py_items(profile, py.as_ref());
         // An off-CPU interval carries no stack copy (a copy at every context switch would cost
         // more than the switch): its Python frames stand alone, as without `--native`.
         if self.cfg.native && s.off_cpu.is_none() {
@@ -219,6 +201,34 @@ impl StackBuilder {
             profile.add_sample(sample);
         }
         self.scratch = stack;
+    }
+
+    /// The Python items of a capture with the profile's frame ids (in `py_scratch`'s buffer).
+    fn py_items(
+        &mut self,
+        profile: &mut Profile,
+        py: Option<&super::pyproc::PyStack>,
+    ) -> Vec<PyItem<FrameId>> {
+        let mut py_items = std::mem::take(&mut self.py_scratch);
+        py_items.clear();
+        for item in py.iter().flat_map(|p| &p.items) {
+            py_items.push(match *item {
+                PyItem::Frame(f) => {
+                    PyItem::Frame(if let Some(id) = self.py_frames.get(f.0 as usize) {
+                        *id
+                    } else {
+                        // Cannot happen (numbers travel before their first use); never guess.
+                        *self.errors.entry("python_frame_index".into()).or_default() += 1;
+                        profile.intern_frame(Frame::new(
+                            FrameKind::Python,
+                            super::pyproc::UNKNOWN_PY_FRAME,
+                        ))
+                    })
+                }
+                PyItem::Entry => PyItem::Entry,
+            });
+        }
+        py_items
     }
 
     fn root_frame(&mut self, profile: &mut Profile, pid: u32, comm: &Arc<str>) -> FrameId {

@@ -19,7 +19,9 @@ use crate::common::{Interpreter, cache_dir, in_ci, missing, pyebpf, run, text};
 /// it (inside the sid root; a host path for host interpreters).
 fn realworld_site(interp: &Interpreter) -> Option<String> {
     const IN_ROOT: &str = "/opt/pyebpf-realworld/site";
-    let host = cache_dir().join("roots/sid").join(IN_ROOT.trim_start_matches('/'));
+    let host = cache_dir()
+        .join("roots/sid")
+        .join(IN_ROOT.trim_start_matches('/'));
     if !host.join(".pyebpf-realworld").is_file() {
         missing(&format!(
             "the real-world packages ({} has no completion marker)",
@@ -209,7 +211,17 @@ fn short_file_names_by_default_full_on_request() {
     assert!(script(false).contains(&format!("py::spin:rec_spin.py:{}", w.files.line("spin"))));
     assert!(script(true).contains(&format!("py::spin:{}:", w.files.script)));
     // `record --full-filenames`.
-    let o = run(pyebpf(&["record", "-q", "--full-filenames", "-p", &pid, "-d", "1", "-o"]).arg(&txt));
+    let o = run(pyebpf(&[
+        "record",
+        "-q",
+        "--full-filenames",
+        "-p",
+        &pid,
+        "-d",
+        "1",
+        "-o",
+    ])
+    .arg(&txt));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let folded = std::fs::read_to_string(&txt).unwrap();
     assert!(folded.contains(&full), "{folded}");
