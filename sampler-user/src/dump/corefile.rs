@@ -118,6 +118,7 @@ pub(super) fn snapshot(
         counts: proc.error_counts().clone(),
         pauses: opts.native.then(Pauses::default),
         paused: None,
+        ended: 0,
     };
     Ok((snapshot, missing(&files)))
 }

@@ -44,6 +44,11 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
         }
         (out, None)
     };
+    let (threads, ended) = if opts.native {
+        (threads, 0)
+    } else {
+        settle_empty(&mut proc, threads)?
+    };
     Ok(Snapshot {
         pid,
         core: None,
@@ -55,7 +60,67 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
         counts: proc.error_counts().clone(),
         pauses,
         paused: pause_stats,
+        ended,
     })
+}
+
+/// Pause between reads of a thread without Python frames in [`settle_empty`].
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+/// Reads of a thread without Python frames in [`settle_empty`] (50 ms of pauses at most: a
+/// thread ending on a loaded machine may wait that long for a CPU).
+const SETTLE_READS: u32 = 100;
+
+/// Threads read without a Python frame: a thread that is starting (its first frame not pushed
+/// yet) or ending (its last frame popped, its thread state not yet deleted — a thread per
+/// request ends hundreds of times a second, still holding the GIL while it tears down). Each
+/// is read again, [`SETTLE_PAUSE`] apart, at most [`SETTLE_READS`] times, until it has frames
+/// or is gone: a gone thread is left out of the dump (the number is reported), one that stays
+/// without frames is shown so.
+fn settle_empty(
+    proc: &mut PythonProcess,
+    threads: Vec<ThreadDump>,
+) -> Result<(Vec<ThreadDump>, u32), DumpError> {
+    let pid = proc.pid();
+    let gone = |tid: u32| !Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+    let mut out = Vec::with_capacity(threads.len());
+    let mut ended = 0;
+    for mut t in threads {
+        let (Some(tid), true) = (t.py.host_tid, t.py.frames.is_empty() && !t.py.truncated) else {
+            out.push(t);
+            continue;
+        };
+        let mut left = false;
+        for _ in 0..SETTLE_READS {
+            if gone(tid) {
+                left = true;
+                break;
+            }
+            std::thread::sleep(SETTLE_PAUSE);
+            t.rereads += 1;
+            match proc.thread_frames(t.py.tstate_addr) {
+                Ok(w) if !w.frames.is_empty() => {
+                    t.py.frames = w.frames;
+                    t.py.items = w.items;
+                    t.py.locals = w.locals;
+                    t.py.truncated = w.truncated;
+                    break;
+                }
+                Ok(_) => {}
+                Err(PyError::ProcessGone { pid }) => return Err(DumpError::Exited { pid }),
+                // The thread state is gone: the thread ended.
+                Err(_) => {
+                    left = true;
+                    break;
+                }
+            }
+        }
+        if left || gone(tid) && t.py.frames.is_empty() {
+            ended += 1;
+        } else {
+            out.push(t);
+        }
+    }
+    Ok((out, ended))
 }
 
 /// Whether `py`'s walk was cut short by its chain (a changing one: an unreadable frame, a

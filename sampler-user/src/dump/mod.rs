@@ -138,6 +138,8 @@ pub struct Snapshot {
     pub pauses: Option<Pauses>,
     /// `--pause` (without `--native`): the pauses.
     pub paused: Option<Pauses>,
+    /// Threads without a Python frame that ended while the dump read them (left out).
+    pub ended: u32,
 }
 
 /// Takes one snapshot and writes it to `out`.

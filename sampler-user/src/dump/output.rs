@@ -11,7 +11,8 @@
 //! "frames": [{"function", "file", "line", "first_line"}]}]}`; `tid` is the host TID (null if
 //! unknown); `torn`: the chain kept changing while it was read (`rereads` more times), the
 //! frames are what was read. With `--pause` the top level has `"pause": {"threads_stopped",
-//! "pause_us_max", "pause_us_total"}`. With
+//! "pause_us_max", "pause_us_total"}`; `threads_ended`: threads without a Python frame that
+//! ended while the dump read them (left out). With
 //! `--locals` every Python frame also has `"locals": [{"name", "arg", "value"}]`. With `--core`
 //! the top level also has `"core": {"path", "compressed"}` (`pid` is the pid the process had).
 //! With `--native` the top level has `"native": {"threads_stopped", "pause_us_max",
@@ -72,6 +73,8 @@ struct JsonDump<'a> {
     native: Option<JsonNativeSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pause: Option<JsonNativeSummary>,
+    /// Threads that ended while the dump read them (left out of `threads`).
+    threads_ended: u32,
     threads: Vec<JsonThread<'a>>,
 }
 
@@ -250,6 +253,7 @@ pub fn write_json(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
             pause_us_max: p.max_us,
             pause_us_total: p.total_us,
         }),
+        threads_ended: s.ended,
         pause: s.paused.map(|p| JsonNativeSummary {
             threads_stopped: p.threads,
             pause_us_max: p.max_us,
@@ -369,6 +373,13 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
             }
         }
         write_cut(t, out)?;
+    }
+    if s.ended > 0 {
+        writeln!(
+            out,
+            "\n({} threads without Python frames ended while the dump read them: not shown)",
+            s.ended
+        )?;
     }
     let counts = &s.counts;
     if counts.total() > 0 {

@@ -597,7 +597,13 @@ pub fn assemble<S: std::hash::BuildHasher>(
                 host_tid,
                 python_thread_id: t.thread_id,
                 name,
-                gil: thread_gil(gil, t.tstate, t.holds_gil),
+                // A thread state no thread has bound yet (`thread_id` 0: a thread being
+                // started) has never held the GIL: `last_holder` naming it is a freed thread
+                // state whose memory the new one reuses (thread-per-request servers).
+                gil: match thread_gil(gil, t.tstate, t.holds_gil) {
+                    GilState::Holds if t.thread_id == 0 => GilState::DoesNotHold,
+                    g => g,
+                },
                 frames: t.frames.clone(),
                 items: t.items.clone(),
                 locals: t.locals.clone(),

@@ -9,11 +9,17 @@
 //!   entry in every format; `--full-filenames` in `record`, `report` and `script`.
 //! - `all_names_skipped_processes`: `record --all` names unsupported interpreters (3.7, 2.7) by
 //!   pid, name and reason.
+//! - `dump_under_load_shows_the_running_stack`: a Django app (thread per request) under `ab -c
+//!   4`: in 20 dumps (no pause) every thread holding the GIL shows its whole stack, down to its
+//!   thread's bootstrap or the module, never torn, truncated or empty.
 
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use super::support::{OutDir, Sample, Workload, parse_folded, setup};
-use crate::common::{Interpreter, cache_dir, in_ci, missing, pyebpf, run, text};
+use crate::common::{Guard, Interpreter, cache_dir, in_ci, missing, pyebpf, run, text};
 
 /// Where `cargo xtask setup --interpreters` installs the real-world packages, as `interp` sees
 /// it (inside the sid root; a host path for host interpreters).
@@ -262,4 +268,93 @@ fn all_names_skipped_processes() {
     if in_ci() {
         assert!(err.contains("python_unsupported"), "{err}");
     }
+}
+
+/// Dumps with a running (GIL-holding) thread the dump acceptance counts.
+const LOAD_DUMPS: usize = 20;
+
+/// Why the running thread `t` of a dump does not show its whole stack, if it does not.
+fn not_full(t: &Value) -> Option<String> {
+    let frames = t["frames"].as_array().map_or(&[][..], Vec::as_slice);
+    let outer = frames
+        .last()
+        .and_then(|f| f["function"].as_str())
+        .unwrap_or("");
+    if t["torn"] == true {
+        Some(format!("torn after {} rereads", t["rereads"]))
+    } else if t["truncated"] == true {
+        Some(format!("truncated at {} frames", frames.len()))
+    } else if !(outer == "<module>" || outer.ends_with("_bootstrap")) {
+        Some(format!("{} frames ending in `{outer}`", frames.len()))
+    } else {
+        None
+    }
+}
+
+#[test]
+fn dump_under_load_shows_the_running_stack() {
+    let Some(interp) = setup("3.12") else { return };
+    let Some(site) = realworld_site(&interp) else {
+        return;
+    };
+    if Command::new("ab").arg("-V").output().is_err() {
+        missing("ab (apache2-utils)");
+        return;
+    }
+    let mut app = Workload::spawn(
+        &interp,
+        "realworld/django_app.py",
+        &[],
+        &[("PYTHONPATH", site.as_str())],
+    );
+    app.wait_ready();
+    let url = format!("http://127.0.0.1:{}/", app.ready["port"]);
+    let _load = Guard(
+        Command::new("ab")
+            .args(["-q", "-k", "-c", "4", "-t", "300", "-n", "10000000", &url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ab"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = app.pid.to_string();
+    let (mut counted, mut full, mut reread, mut attempts) = (0, 0, 0, 0);
+    let mut bad = Vec::new();
+    let t0 = Instant::now();
+    while counted < LOAD_DUMPS {
+        attempts += 1;
+        assert!(
+            attempts <= 10 * LOAD_DUMPS && t0.elapsed() < Duration::from_mins(4),
+            "{counted} of {attempts} dumps found a thread holding the GIL"
+        );
+        let o = run(&mut pyebpf(&["dump", "-p", &pid, "--json"]));
+        assert!(o.status.success(), "dump: {}", text(&o.stderr));
+        let dump: Value = serde_json::from_slice(&o.stdout).expect("dump JSON");
+        let threads = dump["threads"].as_array().expect("threads");
+        reread += threads
+            .iter()
+            .filter(|t| t["rereads"].as_u64().unwrap_or(0) > 0)
+            .count();
+        let running: Vec<&Value> = threads.iter().filter(|t| t["gil"] == "holds").collect();
+        if running.is_empty() {
+            continue;
+        }
+        counted += 1;
+        let why: Vec<String> = running.iter().filter_map(|t| not_full(t)).collect();
+        if why.is_empty() {
+            full += 1;
+        } else {
+            bad.push(format!("dump {counted}: {}", why.join("; ")));
+        }
+    }
+    eprintln!(
+        "{full} of {counted} dumps ({attempts} taken) show the running thread's whole stack; \
+         {reread} threads read again"
+    );
+    assert!(
+        full * 100 >= counted * 99,
+        "{full} of {counted} dumps show the running thread's whole stack:\n{}",
+        bad.join("\n")
+    );
 }
