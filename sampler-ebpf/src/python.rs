@@ -617,6 +617,11 @@ pub fn frame_step(index: u64) -> i64 {
     }
     // SAFETY: `at < FRAME_BUDGET`, the length of `PY_FRAMES`.
     let record = unsafe { frames.cast::<PyFrameRecord>().add(at as usize) };
+    // The record's last word written at once: the pointer is then computed here, right after
+    // the bound check, not after the frame read's helper call with `at` spilled — a spilled
+    // copy taken before the check has no bound on 6.1's verifier ("unbounded memory access").
+    // SAFETY: as above; a record is six 8-aligned words.
+    unsafe { record.cast::<u64>().add(5).write(0) };
     let mut stop = read_frame(walk, scratch.cast(), record);
     if stop == LOOP_CONTINUE {
         walk.nframes = at + 1;
