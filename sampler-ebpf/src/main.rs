@@ -24,6 +24,10 @@
     clippy::needless_pass_by_value,
     reason = "the aya program macros pass the context by value"
 )]
+#![allow(
+    clippy::similar_names,
+    reason = "tgid and tid are the kernel's own names for the process and the thread"
+)]
 
 #[cfg(target_arch = "bpf")]
 mod maps;

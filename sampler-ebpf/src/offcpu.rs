@@ -147,12 +147,11 @@ fn switch_in(next: u64, cfg: &Config, now: u64) {
         let len = RECORD_HEAD + frames * size_of::<PyFrameRecord>();
         // SAFETY: `len` ≤ the size of the map value `rec` points into.
         let bytes = unsafe { core::slice::from_raw_parts((&raw const *rec).cast::<u8>(), len) };
-        match EVENTS.output::<[u8]>(bytes, wakeup_flags()) {
-            Ok(()) => count(Counter::OffCpuSent),
-            Err(_) => {
-                count(Counter::OffCpuLost);
-                count_n(Counter::LostSamples, ticks);
-            }
+        if EVENTS.output::<[u8]>(bytes, wakeup_flags()).is_ok() {
+            count(Counter::OffCpuSent);
+        } else {
+            count(Counter::OffCpuLost);
+            count_n(Counter::LostSamples, ticks);
         }
     }
     rec.off.t_out = 0;
@@ -218,6 +217,10 @@ fn entry(tid: u32) -> Option<*mut OffCpuRecord> {
     }
     let zero = OFFCPU_ZERO.get_ptr(0)?;
     // SAFETY: this CPU's never-written value of `OFFCPU_ZERO`, valid for the program run.
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value the record would be copied onto the 512-byte BPF stack"
+    )]
     OFFCPU
         .insert(tid, unsafe { &*zero }, u64::from(BPF_NOEXIST))
         .ok()?;

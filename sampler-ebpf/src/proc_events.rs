@@ -48,6 +48,10 @@ pub fn pyebpf_fork(ctx: RawTracePointContext) -> i32 {
             return Err(Counter::ProcEventErrors);
         }
         // SAFETY: a kernel read at a BTF offset inside the new task, through the helper.
+        #[allow(
+            clippy::cast_ptr_alignment,
+            reason = "bpf_probe_read_kernel copies bytes: the source needs no alignment"
+        )]
         let pid =
             unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<i32>()) }
                 .map_err(|_| Counter::ProcEventErrors)?;

@@ -279,10 +279,10 @@ fn target_tid(info: &PyProcInfo, host_tid: u32) -> Result<u64, Stop> {
 /// flags the capture, nothing more.
 #[inline(always)]
 fn read_gil(info: &PyProcInfo, interp: u64, h: &mut Header) {
-    let gil = if info.runtime_gil != PY_NO_OFFSET {
-        Ok(info.runtime_addr.wrapping_add(u64::from(info.runtime_gil)))
-    } else {
+    let gil = if info.runtime_gil == PY_NO_OFFSET {
         read_u64(interp, info.interp_ceval_gil)
+    } else {
+        Ok(info.runtime_addr.wrapping_add(u64::from(info.runtime_gil)))
     };
     let gil = match gil {
         Ok(0) => interp.wrapping_add(u64::from(info.interp_gil_struct)),

@@ -212,7 +212,7 @@ fn user_regs<V: Variant>(ctx: &PerfEventContext) -> (u32, UserRegs) {
             sample_flags::KERNEL_THREAD | sample_flags::NO_USER_REGS,
             UserRegs::default(),
         ),
-        Err(_) => {
+        Err(()) => {
             count(Counter::NoUserRegs);
             (sample_flags::NO_USER_REGS, UserRegs::default())
         }

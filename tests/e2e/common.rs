@@ -6,28 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether we run under CI (`CI=true`): missing prerequisites are failures there.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// A prerequisite is missing: panic under CI, otherwise print a loud skip line.
-/// Returns `false` so callers can `if !require(..) { return; }`.
-pub fn missing(what: &str) -> bool {
-    assert!(!in_ci(), "prerequisite missing under CI=true: {what}");
-    eprintln!("SKIPPED: {what} (set up with `cargo xtask setup --interpreters`, run as root)");
-    false
-}
-
-/// True when running as root (euid 0).
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+/// The one prerequisite policy (crate `prereq`): under `CI=true` a missing prerequisite fails
+/// the test; elsewhere it is skipped with a `SKIPPED` line on the real stderr, counted by
+/// `cargo xtask test`.
+pub use prereq::missing;
 
 /// Requires root; see [`missing`].
 pub fn require_root() -> bool {
-    is_root() || missing("these tests need root (eBPF, /proc of other processes)")
+    prereq::require_root("eBPF, /proc of other processes")
 }
 
 /// The `pyebpf` binary under test.

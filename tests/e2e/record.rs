@@ -371,9 +371,12 @@ fn kernel_frames_above_user_frames() {
 fn expect_user_error(cmd: &mut Command, dir: &Path, needle: &str) {
     let o = run(cmd);
     let err = text(&o.stderr);
-    assert!(
-        !o.status.success(),
-        "expected failure ({needle}), got success: {err}"
+    // README: errors that stop `record` before sampling exit with status 1 (usage errors: 2).
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected status 1 ({needle}), got {}: {err}",
+        o.status
     );
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {err}");
@@ -433,7 +436,7 @@ fn user_errors_before_sampling() {
     ]);
     let o = run(&mut c);
     let err = text(&o.stderr);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(1), "not root: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("root") || err.contains("CAP_BPF"), "{err}");
     assert!(!Path::new("/tmp/pyebpf-nobody-test.svg").exists());

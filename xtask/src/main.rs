@@ -6,19 +6,27 @@
 //! - `test [FILTER...]`: setup with interpreters, build, all tests as root, then the kernel
 //!   matrix (`test.rs`).
 //! - `vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel matrix in qemu (`vm/`).
+//! - `fuzz [--secs N] [--jobs J] [TARGET...]`: coverage-guided fuzzing (`fuzz.rs`).
+//! - `soak [--mins N] [--count K] [--release]`: `record --all -r 1000` on a churning host
+//!   (`soak.rs`).
+//! - `lint`: `cargo fmt --check` and clippy (warnings as errors) on the workspace and the
+//!   eBPF crate (`lint.rs`); `test` runs it first.
 //! - `gen-printable [PYTHON[@ROOT]...]`: regenerate the printable-character table (`printable.rs`).
 //!
 //! Heavy provisioning lives in `xtask/scripts/*.sh`; caches live outside the clone
 //! (`/var/cache/pyebpf-test`, cargo's registry), so a fresh clone re-uses them.
 mod apt;
 mod bench;
+mod fuzz;
 mod install;
 mod interpreters;
+mod lint;
 mod printable;
 mod realworld;
 mod rust;
 mod setup;
 mod sh;
+mod soak;
 mod test;
 mod vm;
 
@@ -97,6 +105,36 @@ enum Cmd {
         #[arg(long, default_value_t = vm::DEFAULT_JOBS)]
         jobs: usize,
     },
+    /// Coverage-guided fuzzing (cargo fuzz): seeds, one build, then every target (or the
+    /// ones named) for SECS seconds; prints executions, coverage and crashes per target.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Targets fuzzed at once.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// python_reader, debug_offsets, elf, eh_frame, saved, core (default: all).
+        targets: Vec<String>,
+    },
+    /// `record --all -r 1000` while short-lived Python processes (3.12, 3.13, 3.13t) come and
+    /// go, a 3.13t process churns threads and a shell execs in a loop; reports crashes, lost
+    /// samples, errors, RSS every 10 s and the share of short-lived processes seen with their
+    /// Python frames (as root).
+    Soak {
+        /// Minutes of churn.
+        #[arg(long, default_value_t = 10.0)]
+        mins: f64,
+        /// Short-lived processes started over the run (default: 100 a minute).
+        #[arg(long)]
+        count: Option<usize>,
+        /// Soak the release build (default: the debug build the tests use).
+        #[arg(long)]
+        release: bool,
+    },
+    /// `cargo fmt --check`, clippy with warnings as errors on the workspace and on the eBPF
+    /// crate for its target.
+    Lint,
     /// Setup (incl. interpreters), build, then unit and end-to-end tests as root, then the
     /// kernel matrix (`vm-test --kernel all`).
     Test {
@@ -164,6 +202,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench { quick, runs, only } => bench::run(&bench::Options { quick, runs, only }),
         Cmd::GenPrintable { pythons } => printable::run(&pythons),
+        Cmd::Soak {
+            mins,
+            count,
+            release,
+        } => soak::run(&soak::Options {
+            mins,
+            count: count.unwrap_or((mins * 100.0).round() as usize),
+            release,
+        })
+        .map(drop),
+        Cmd::Lint => lint::run(&rust::ensure_ebpf_toolchain()?),
+        Cmd::Fuzz {
+            secs,
+            jobs,
+            targets,
+        } => {
+            let toolchain = rust::ensure_ebpf_toolchain()?;
+            fuzz::run(&fuzz::Options {
+                secs,
+                jobs,
+                targets,
+                toolchain,
+            })
+            .map(drop)
+        }
     }
 }
 

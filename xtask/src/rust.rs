@@ -273,6 +273,38 @@ pub fn ensure_bpf_linker() -> Result<()> {
     }
 }
 
+/// The cargo-fuzz that `cargo xtask fuzz` drives (built with the stable toolchain; it runs
+/// the nightly for the targets itself).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// Installs cargo-fuzz unless `cargo fuzz --version` already reports [`CARGO_FUZZ_VERSION`].
+pub fn ensure_cargo_fuzz() -> Result<()> {
+    let bin = sh::which("cargo-fuzz")
+        .or_else(|| Some(sh::cargo_home().join("bin/cargo-fuzz")).filter(|p| p.is_file()));
+    let version = bin
+        .as_ref()
+        .and_then(|b| sh::probe(sh::clean(b).arg("--version")))
+        .map(|v| v.trim().to_owned());
+    if let Some(v) = version.as_deref()
+        && v.split_whitespace().any(|w| w == CARGO_FUZZ_VERSION)
+    {
+        say("cargo-fuzz", format!("{v} present - skip"));
+        return Ok(());
+    }
+    say(
+        "cargo-fuzz",
+        format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute)"),
+    );
+    sh::run(sh::cargo().args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+        "--locked",
+        "--force",
+    ]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

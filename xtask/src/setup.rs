@@ -36,8 +36,9 @@ impl Ready {
     }
 }
 
+/// `CI=true`, exactly as `.ci/run` sets it (the tests' own policy, crate `prereq`).
 pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    prereq::in_ci()
 }
 
 pub fn run(opts: &Options) -> Result<Ready> {
@@ -63,6 +64,11 @@ pub fn run(opts: &Options) -> Result<Ready> {
     }
     if let Err(e) = t.phase("bpf-linker", rust::ensure_bpf_linker) {
         errors.push(format!("bpf-linker: {e:#}"));
+    }
+    if opts.interpreters
+        && let Err(e) = t.phase("cargo-fuzz", rust::ensure_cargo_fuzz)
+    {
+        errors.push(format!("cargo-fuzz: {e:#}"));
     }
     if opts.interpreters {
         let cache = Cache::from_env();

@@ -143,6 +143,27 @@ pub fn status(cmd: &mut Command) -> Result<ExitStatus> {
         .with_context(|| format!("could not start `{}`", cmd.get_program().to_string_lossy()))
 }
 
+/// Prints and runs `cmd`, its stdout passed through line by line; returns its status and the
+/// lines that start with `prefix` (libtest's `test result:` lines).
+pub fn status_tee(cmd: &mut Command, prefix: &str) -> Result<(ExitStatus, Vec<String>)> {
+    use std::io::BufRead as _;
+    println!("+ {}", show(cmd));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not start `{}`", cmd.get_program().to_string_lossy()))?;
+    let mut kept = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            println!("{line}");
+            if line.trim_start().starts_with(prefix) {
+                kept.push(line);
+            }
+        }
+    }
+    Ok((child.wait()?, kept))
+}
+
 /// Prints and runs `cmd`; a non-zero exit is an error.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let st = status(cmd)?;

@@ -38,6 +38,31 @@ fn spin(dur: Duration, tid: &mpsc::Sender<u32>) {
     std::hint::black_box(x);
 }
 
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Spins until this thread has had `cpu` of CPU time (however loaded the machine is), at most
+/// `wall`.
+fn spin_cpu(cpu: Duration, wall: Duration, tid: &mpsc::Sender<u32>) {
+    tid.send(gettid()).unwrap();
+    let (start, cpu0) = (Instant::now(), thread_cpu());
+    let mut x = 0u64;
+    while thread_cpu().saturating_sub(cpu0) < cpu && start.elapsed() < wall {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+    std::hint::black_box(x);
+}
+
 fn own_cfg(stack_bytes: u32) -> CollectConfig {
     CollectConfig {
         frequency_hz: 499,
@@ -193,12 +218,15 @@ fn collect_samples_own_busy_thread() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut collector = Collector::start(&own_cfg(32 << 10)).unwrap_or_else(|e| panic!("{e}"));
     let (tx, rx) = mpsc::channel();
-    let busy = std::thread::spawn(move || spin(Duration::from_millis(1500), &tx));
+    // 0.6 s of CPU (not of wall time: a loaded machine gives the thread less of each second).
+    let busy = std::thread::spawn(move || {
+        spin_cpu(Duration::from_millis(600), Duration::from_secs(30), &tx);
+    });
     let busy_tid = rx.recv().unwrap();
 
     let started = Instant::now();
     let mut samples: Vec<RawSample> = Vec::new();
-    while started.elapsed() < Duration::from_millis(1700) {
+    while !busy.is_finished() {
         collector
             .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev {
@@ -236,9 +264,9 @@ fn collect_samples_own_busy_thread() {
     if let Some(stats) = collector.program_stats() {
         eprintln!("program stats: {stats:?}");
     }
-    // 499 Hz for ~1.5 s of spinning: ~750 if the thread had a CPU all along; allow heavy load.
+    // 499 Hz for 0.6 s of the thread's CPU time: ~300 samples, whatever the load.
     assert!(
-        busy.len() >= 100,
+        busy.len() >= 200,
         "only {} samples of the busy thread",
         busy.len()
     );

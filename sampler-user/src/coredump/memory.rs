@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt as _;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -67,9 +67,18 @@ impl MappedFiles {
             return f.clone();
         }
         let host = self.host_path(path);
+        // Non-blocking: a core may name a FIFO (or a device) at a mapped path, and opening a
+        // FIFO for reading blocks until a writer comes; only regular files are kept, and
+        // their reads ignore the flag.
         let file = host
             .as_ref()
-            .and_then(|p| File::open(p).ok())
+            .and_then(|p| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)
+                    .ok()
+            })
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
             .map(Arc::new);
         if file.is_none()

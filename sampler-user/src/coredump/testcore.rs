@@ -209,6 +209,23 @@ mod tests {
         }
     }
 
+    /// A core naming a FIFO at a mapped path: the lookup neither blocks (opening a FIFO for
+    /// reading waits for a writer) nor reads it; the path counts as missing.
+    #[test]
+    fn a_fifo_at_a_mapped_path_is_not_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
+        let fifo = dir.path().join("usr/bin/fake");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let files = MappedFiles::new(dir.path());
+        let t0 = std::time::Instant::now();
+        assert!(files.open("/usr/bin/fake").is_none());
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(files.missing(), ["/usr/bin/fake"]);
+    }
+
     fn open_err(b: &[u8]) -> CoreError {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c");

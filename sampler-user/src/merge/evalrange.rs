@@ -199,7 +199,7 @@ pub fn ranges_in_elf(r: &(impl ReadAt + ?Sized)) -> Result<ElfEvalPieces, ElfErr
 const MAX_SCANNED_CODE: u64 = 1 << 20;
 
 /// The fragment FDEs (`.cold` parts) that the eval-loop pieces in `known` jump into.
-fn fragments_from_eh_frame(r: &(impl ReadAt + ?Sized), known: &[EvalRange]) -> Vec<EvalRange> {
+pub fn fragments_from_eh_frame(r: &(impl ReadAt + ?Sized), known: &[EvalRange]) -> Vec<EvalRange> {
     let Ok(info) = read_elf_info(r) else {
         return Vec::new();
     };

@@ -208,7 +208,8 @@ mod tests {
         let pid = std::process::id();
         let (f, via) = open_mapped_file_in(Path::new("/proc"), pid, &m).unwrap();
         assert_eq!(f.metadata().unwrap().ino(), m.inode);
-        if crate::procs::tests::is_root() {
+        // The map_files route needs root (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE).
+        if crate::procs::tests::require_root("opens_own_text_by_every_route (map_files)") {
             assert!(
                 via.to_string_lossy().contains("map_files"),
                 "{}",

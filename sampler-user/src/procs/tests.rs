@@ -1,41 +1,15 @@
 //! Registry tests on the test process, a fake proc root and missing pids; also the root
 //! check shared by the privileged tests of `procs`, `unwind` and `symbolize`.
 
-use std::io::Write as _;
-
 use super::*;
 
-/// Whether the tests run as root.
-pub(crate) fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+/// The one prerequisite policy (crate `prereq`): `missing(what)` fails under `CI=true` and
+/// is a counted, loud skip elsewhere (returns `true`: `if !exists && missing(..) { return; }`).
+pub(crate) use prereq::missing;
 
-/// Whether privileged tests can run. Not root with `CI=true` fails the test; otherwise a
-/// loud SKIPPED line is printed and the caller returns.
+/// Whether privileged tests can run (root); otherwise [`missing`] (a failure under `CI=true`).
 pub(crate) fn require_root(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{test} needs root (CI=true: not skipping)"
-    );
-    // Straight to fd 2: libtest captures `eprintln!` of passing tests, and a skip must show.
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {test}: needs root ***\n");
-    false
-}
-
-/// A test prerequisite (interpreter, file, tool) is absent: with `CI=true` that fails the
-/// test (CI provides every prerequisite); otherwise a loud SKIPPED line is printed. Returns
-/// `true` so callers write `if !exists && missing(..) { return; }`.
-pub(crate) fn missing(what: &str) -> bool {
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{what} (CI=true: a missing prerequisite fails)"
-    );
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
-    true
+    prereq::require_root(test)
 }
 
 #[test]

@@ -148,6 +148,8 @@ pub struct Target {
     pub pthread_tid: Option<u64>,
     /// `&PyCode_Type` in the target (None: not found; then only plausibility checks apply).
     pub pycode_type: Option<u64>,
+    /// `&PyFrame_Type` (≤ 3.10 frames are objects of this type; None: not found).
+    pub pyframe_type: Option<u64>,
     /// Address ranges of the ELF file that holds `_PyRuntime`.
     pub image: Vec<(u64, u64)>,
     /// The built-in types and singletons, by address.

@@ -18,7 +18,9 @@ use std::path::Path;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::lru::Lru;
-use crate::procs::elf::{ElfInfo, SymbolTable, SymbolTableKind, read_elf_info, read_symbols};
+use crate::procs::elf::{
+    ElfInfo, ReadAt, SymbolTable, SymbolTableKind, read_elf_info, read_symbols,
+};
 use crate::procs::{FileId, Mapping, open_mapped_file_in};
 
 use super::PyError;
@@ -147,7 +149,7 @@ fn python_elf_cached(pid: u32, mappings: &[&Mapping]) -> Option<Arc<PythonElf>> 
 }
 
 /// The CPython runtime an ELF file holds, if any (malformed files are not Python).
-pub fn python_elf(file: &std::fs::File) -> Option<PythonElf> {
+pub fn python_elf(file: &(impl ReadAt + ?Sized)) -> Option<PythonElf> {
     let elf = read_elf_info(file).ok()?;
     let mut runtime = elf
         .section(b".PyRuntime")

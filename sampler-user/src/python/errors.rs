@@ -106,7 +106,8 @@ pub enum ErrorKind {
     /// A value (or an item of a container) could not be read: shown as `<unreadable>`.
     ValueUnreadable,
     /// An object read as a `str`, `bytes` or `int` (a name, a line table, a thread id) had
-    /// another type: shown as `<invalid>` (or dropped), never decoded as garbage.
+    /// another type: shown as `<invalid>` (or dropped), never decoded as garbage; or a ≤ 3.10
+    /// frame object was no `PyFrame_Type` (the stack ends there, marked truncated).
     WrongType,
 }
 

@@ -32,6 +32,8 @@ pub(crate) struct VersionFacts {
     pub owner_max: Option<u8>,
     /// `f_globals` and `f_locals` of a frame (not in the debug offsets).
     pub frame_namespaces: (u64, u64),
+    /// ≤ 3.10: frames are `PyFrameObject`s (with an `ob_type` to check against `PyFrame_Type`).
+    pub frame_is_object: bool,
     pub linetable: LineTableKind,
     pub dict_keys: DictKeys,
     pub stackref_tag_mask: u64,
@@ -182,6 +184,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         // `f_executable`, `previous`, `f_funcobj`, then `f_globals` @24, `f_builtins`,
         // `f_locals` @40 (3.12–3.15 `_PyInterpreterFrame`).
         frame_namespaces: (24, 40),
+        frame_is_object: false,
         linetable: LineTableKind::Locations,
         dict_keys: DictKeys::Log2,
         stackref_tag_mask: 0,
@@ -208,6 +211,7 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         // `PyFrameObject`: `PyObject_VAR_HEAD`, `f_back`, `f_code`, `f_builtins`, then
         // `f_globals` @48, `f_locals` @56.
         frame_namespaces: (48, 56),
+        frame_is_object: true,
         linetable: LineTableKind::Lnotab,
         dict_keys: DictKeys::Sized,
         long_form: LongForm::SignedSize,

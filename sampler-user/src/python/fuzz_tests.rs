@@ -11,16 +11,16 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use super::code::{CodeCache, Ctx, MAX_FILE_CHARS, MAX_NAME_CHARS, Target};
+use super::assemble;
+use super::code::{CodeCache, Ctx, Target};
 use super::errors::ErrorCounts;
 use super::layout::RuntimeLayout;
-use super::locals::{MAX_LOCALS, MAX_NAME_CHARS as MAX_LOCAL_NAME};
 use super::memory::{ImageMemory, MAX_READ};
 use super::testimage::{CodeSpec, Flavor, ImageBuilder, debug_offsets_bytes};
 use super::testlocals::{CELL, FREE, LOCAL};
 use super::values::ValueLimits;
 use super::walker::{Limits, walk};
-use super::{PyThread, assemble};
+use crate::fuzzing::check_bounds;
 
 /// A valid image, its object addresses and its non-zero words.
 type Base = (ImageBuilder, Vec<u64>, Vec<(u64, usize)>);
@@ -44,7 +44,7 @@ impl XorShift {
 
 /// A realistic image: two threads with deep stacks, TLBC copies where the layout has them,
 /// names in `threading._active`, the GIL held.
-fn rich_image(flavor: Flavor) -> ImageBuilder {
+pub(crate) fn rich_image(flavor: Flavor) -> ImageBuilder {
     let mut b = ImageBuilder::new(flavor);
     let f = b.code(&CodeSpec::simple(
         "f",
@@ -181,29 +181,6 @@ fn corrupt(rng: &mut XorShift, mem: &mut ImageMemory, anchors: &[u64], words: &[
         };
         let end = (at + 8).min(region.len());
         region[at..end].copy_from_slice(&word.to_le_bytes()[..end - at]);
-    }
-}
-
-fn check_bounds(threads: &[PyThread], limits: Limits) {
-    assert!(threads.len() <= limits.max_threads * limits.max_interpreters);
-    for t in threads {
-        assert!(t.frames.len() <= limits.max_depth);
-        match limits.locals {
-            Some(v) => {
-                assert_eq!(t.locals.len(), t.frames.len());
-                for l in t.locals.iter().flatten() {
-                    assert!(l.value.chars().count() <= v.max_len, "{}", l.value);
-                    assert!(l.name.chars().count() <= MAX_LOCAL_NAME + 1);
-                }
-                assert!(t.locals.iter().all(|f| f.len() <= MAX_LOCALS));
-            }
-            None => assert!(t.locals.is_empty()),
-        }
-        assert!(t.name.as_ref().is_none_or(|n| n.chars().count() <= 257));
-        for f in &t.frames {
-            assert!(f.function.chars().count() <= MAX_NAME_CHARS + 1);
-            assert!(f.file.chars().count() <= MAX_FILE_CHARS + 1);
-        }
     }
 }
 

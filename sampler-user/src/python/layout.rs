@@ -197,6 +197,8 @@ pub struct FrameOffsets {
     /// `f_globals`, `f_locals` (`PyObject *`).
     pub globals: u64,
     pub locals: u64,
+    /// ≤ 3.10: a frame is a `PyFrameObject`, whose `ob_type` must be `PyFrame_Type`.
+    pub is_object: bool,
 }
 
 impl FrameOffsets {
@@ -668,6 +670,7 @@ impl RuntimeLayout {
                 owner_max: facts.owner_max,
                 globals: facts.frame_namespaces.0,
                 locals: facts.frame_namespaces.1,
+                is_object: facts.frame_is_object,
             },
             code: CodeOffsets {
                 size: n("code_object.size")?,

@@ -78,7 +78,7 @@ main()
 "#;
 
 /// An interpreter to run: `python` as it sees itself, under `root` when chrooted.
-pub(super) struct Interp {
+pub(crate) struct Interp {
     pub name: &'static str,
     pub python: String,
     pub root: Option<PathBuf>,
@@ -86,7 +86,7 @@ pub(super) struct Interp {
 
 impl Interp {
     /// A command running this interpreter (chrooted when it has a root).
-    pub(super) fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         match &self.root {
             Some(r) => {
                 let mut c = Command::new("chroot");
@@ -116,7 +116,7 @@ fn fallback(name: &str) -> Option<(&'static str, Option<&'static str>)> {
 }
 
 /// The interpreter `name` from the manifest (`interpreters.json`), else the known paths.
-pub(super) fn interp(name: &'static str) -> Option<Interp> {
+pub(crate) fn interp(name: &'static str) -> Option<Interp> {
     let manifest = std::fs::read_to_string("/var/cache/pyebpf-test/interpreters.json").ok();
     let entry = manifest
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())

@@ -36,6 +36,7 @@ pub mod objects;
 mod printable_table;
 pub mod repr;
 pub mod syspath;
+pub mod snapshot;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
@@ -44,9 +45,9 @@ mod version;
 pub mod walker;
 
 #[cfg(test)]
-mod fuzz_tests;
+pub(crate) mod fuzz_tests;
 #[cfg(test)]
-mod live_tests;
+pub(crate) mod live_tests;
 #[cfg(test)]
 mod repr_live_tests;
 #[cfg(test)]
@@ -163,14 +164,18 @@ pub struct ImageSource<'a> {
     pub threads: Vec<(u32, u64)>,
 }
 
+/// The layout of the runtime at `d`: from the per-file cache when `cached`, else (and on a
+/// miss) built from the target's memory and checked.
 fn layout_for(
     mem: &dyn ReadMemory,
     pid: u32,
     d: &Detected,
     version: PyVersion,
+    cached: bool,
 ) -> Result<Arc<RuntimeLayout>, PyError> {
     let key = &d.file;
-    if let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
+    if cached
+        && let Some((v, l)) = LAYOUTS.lock().ok().and_then(|mut c| c.get(key).cloned())
         && v == version
     {
         return Ok(l);
@@ -197,7 +202,7 @@ fn layout_for(
         check_binary(mem, pid, d, version, &layout)?;
     }
     let layout = Arc::new(layout);
-    if let Ok(mut c) = LAYOUTS.lock() {
+    if cached && let Ok(mut c) = LAYOUTS.lock() {
         c.insert(key.clone(), (version, Arc::clone(&layout)));
     }
     Ok(layout)
@@ -216,6 +221,7 @@ impl PythonProcess {
             candidates,
             Box::new(ProcessMemory::new(pid)),
             Source::Live,
+            true,
         )
     }
 
@@ -233,20 +239,24 @@ impl PythonProcess {
             Source::Image {
                 threads: src.threads,
             },
+            true,
         )
     }
 
+    /// The runtime among `candidates` to read (an initialised one first). `cached`: layouts
+    /// may come from the per-file cache (snapshots read everything from their own memory).
     fn choose(
         pid: u32,
         candidates: Vec<Detected>,
         mem: Box<dyn ReadMemory + Send>,
         source: Source,
+        cached: bool,
     ) -> Result<PythonProcess, PyError> {
         let mut first_err = None;
         let mut chosen = None;
         for d in candidates {
-            let attempt =
-                read_version(&*mem, pid, &d).and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v)?)));
+            let attempt = read_version(&*mem, pid, &d, cached)
+                .and_then(|v| Ok((v, layout_for(&*mem, pid, &d, v, cached)?)));
             match attempt {
                 Ok((version, layout)) => {
                     // An embedding process can map two runtimes: prefer the initialised one.
@@ -290,6 +300,7 @@ impl PythonProcess {
             runtime: detected.runtime_addr,
             pthread_tid,
             pycode_type: detected.pycode_type_addr,
+            pyframe_type: detected.pyframe_type_addr,
             image: detected.image.clone(),
             known: detected.known.clone(),
         };

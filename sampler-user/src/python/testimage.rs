@@ -217,6 +217,8 @@ pub struct ImageBuilder {
 /// Addresses of the type objects the reader compares against.
 pub(super) struct Types {
     pub code: u64,
+    /// `PyFrame_Type` (≤ 3.10 frames are objects of it).
+    pub frame: u64,
     pub str_: u64,
     pub bytes: u64,
     pub int: u64,
@@ -249,6 +251,7 @@ impl ImageBuilder {
             interp: 0,
             types: Types {
                 code: 0,
+                frame: 0,
                 str_: 0,
                 bytes: 0,
                 int: 0,
@@ -273,6 +276,7 @@ impl ImageBuilder {
         let ty = |b: &mut ImageBuilder| b.alloc_image(b.layout.types.ht_cached_keys + 8);
         b.types = Types {
             code: ty(&mut b),
+            frame: ty(&mut b),
             str_: ty(&mut b),
             bytes: ty(&mut b),
             int: ty(&mut b),
@@ -356,6 +360,7 @@ impl ImageBuilder {
             runtime: self.runtime,
             pthread_tid: Some(PTHREAD_TID),
             pycode_type: Some(self.types.code),
+            pyframe_type: self.layout.frame.is_object.then_some(self.types.frame),
             image: vec![(IMAGE_BASE, self.image_next)],
             known,
         }
@@ -366,6 +371,7 @@ impl ImageBuilder {
         let t = &self.types;
         let named = [
             (t.code, "code"),
+            (t.frame, "frame"),
             (t.str_, "str"),
             (t.bytes, "bytes"),
             (t.int, "int"),
@@ -630,6 +636,9 @@ impl ImageBuilder {
     ) -> u64 {
         let f = self.layout.frame.clone();
         let a = self.alloc(f.size + 16);
+        if f.is_object {
+            self.w64(a + self.layout.object.ob_type, self.types.frame);
+        }
         self.w64(a + f.executable, exec);
         self.w64(a + f.instr_ptr, instr);
         self.w64(a + f.previous, previous);

@@ -25,14 +25,15 @@ use super::memory::{self, ReadMemory};
 
 /// Reads the version of the runtime at `d`: the debug-offsets header (3.13+), else
 /// `Py_Version` (3.11, 3.12), else the version string `Py_GetVersion()` left in `.bss`
-/// (≤ 3.10, and the older versions refused by name).
+/// (≤ 3.10, and the older versions refused by name; from the per-file cache when `cached`).
 pub(crate) fn read_version(
     mem: &dyn ReadMemory,
     pid: u32,
     d: &Detected,
+    cached: bool,
 ) -> Result<PyVersion, PyError> {
     if d.pre_runtime {
-        let v = bss_version(mem, pid, d)?;
+        let v = bss_version(mem, pid, d, cached)?;
         return Err(PyError::Unsupported { version: v.short() });
     }
     let mut hdr = [0u8; DEBUG_OFFSETS_HEADER];
@@ -62,7 +63,7 @@ pub(crate) fn read_version(
     let v = if let Some(hex) = py_version {
         PyVersion::from_hex(hex, false)
     } else {
-        let v = bss_version(mem, pid, d)?;
+        let v = bss_version(mem, pid, d, cached)?;
         if (v.major, v.minor) >= (3, 11) {
             return Err(invalid(format!("{v} without Py_Version")));
         }
@@ -83,13 +84,20 @@ static BSS_VERSIONS: LazyLock<Mutex<Lru<FileId, PyVersion>>> =
 const MAX_BSS: u64 = 16 << 20;
 
 /// The version in the buffer `Py_GetVersion()` fills at start-up (`static char
-/// version[250]` in `Python/getversion.c`: "3.9.18 (main, …) \n[GCC …]", in `.bss`).
-fn bss_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion, PyError> {
+/// version[250]` in `Python/getversion.c`: "3.9.18 (main, …) \n[GCC …]", in `.bss`). From the
+/// per-file cache only when `cached` (a snapshot records, and reads back, the `.bss` bytes).
+fn bss_version(
+    mem: &dyn ReadMemory,
+    pid: u32,
+    d: &Detected,
+    cached: bool,
+) -> Result<PyVersion, PyError> {
     let key = d.file.clone();
-    if let Some(v) = BSS_VERSIONS
-        .lock()
-        .ok()
-        .and_then(|mut c| c.get(&key).copied())
+    if cached
+        && let Some(v) = BSS_VERSIONS
+            .lock()
+            .ok()
+            .and_then(|mut c| c.get(&key).copied())
     {
         return Ok(v);
     }
@@ -108,7 +116,7 @@ fn bss_version(mem: &dyn ReadMemory, pid: u32, d: &Detected) -> Result<PyVersion
             .read_vec(start + at, len as usize)
             .map_err(|e| PyError::from_mem(pid, e))?;
         if let Some(v) = version_in(&bytes) {
-            if let Ok(mut c) = BSS_VERSIONS.lock() {
+            if cached && let Ok(mut c) = BSS_VERSIONS.lock() {
                 c.insert(key, v);
             }
             return Ok(v);

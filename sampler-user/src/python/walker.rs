@@ -435,6 +435,16 @@ pub fn walk_frames_with(
             out.truncated = true;
             return Ok(out);
         }
+        // ≤ 3.10: a `PyFrameObject` of another type is no frame (a stale `f_back`, freed
+        // memory): counted, and the chain ends here (what it points to cannot be trusted).
+        if f.is_object
+            && let Some(want) = ctx.target.pyframe_type
+            && field_u64(&buf, l.object.ob_type) != Some(want)
+        {
+            counts.add(ErrorKind::WrongType);
+            out.truncated = true;
+            return Ok(out);
+        }
         let previous = field_u64(&buf, f.previous).unwrap_or(0);
         let owner = f.owner.map_or(Some(0), |o| field_u8(&buf, o));
         // An owner CPython never uses: this memory is no frame (a chain read while it changed,

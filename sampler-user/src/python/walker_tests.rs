@@ -1,4 +1,4 @@
-//! Walker tests on synthetic images of 3.12, 3.13, 3.13t, 3.14, 3.14t and 3.15.
+//! Walker tests on synthetic images of every flavor (3.8–3.15, 3.13t, 3.14t).
 //!
 //! Each image holds two threads: a worker in a method, under an `__init__` shim and an entry
 //! frame, with non-ASCII names (string kinds 1, 2 and 4), a backwards line table and a CALL that
@@ -427,5 +427,50 @@ fn chain_items_mark_every_activation() {
         let w = walk_thread(ctx, ts, &mut cache, &mut counts, Limits::default()).unwrap();
         assert_eq!(w.frames.len(), 2, "{flavor:?}");
         assert_eq!(w.items, [F(0), E, F(1), E], "{flavor:?}: two activations");
+    }
+}
+
+/// ≤ 3.10 frames are `PyFrameObject`s: one whose `ob_type` is not `PyFrame_Type` (a stale
+/// `f_back`, a freed frame) ends the stack there, marked truncated and counted as a wrong
+/// type; 3.11+ frames have no type and are not checked.
+#[test]
+fn frame_objects_of_another_type_end_the_stack() {
+    for flavor in Flavor::ALL {
+        let mut b = ImageBuilder::new(flavor);
+        let code = b.code(&CodeSpec::simple("f", "/a.py", 1, &[(1, 2)]));
+        let l = b.layout().clone();
+        let outer = b.frame(code, 0, 0);
+        let middle = b.frame(code, 0, outer);
+        let inner = b.frame(code, 0, middle);
+        let (mem, target) = (b.memory(), b.target());
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &l,
+            target: &target,
+        };
+        let mut counts = ErrorCounts::default();
+        let (frames, truncated) =
+            walk_frames(ctx, inner, &mut CodeCache::default(), &mut counts, 100).unwrap();
+        assert_eq!((frames.len(), truncated), (3, false), "{flavor:?}");
+        assert_eq!(counts.total(), 0, "{flavor:?}");
+        assert_eq!(
+            target.pyframe_type.is_some(),
+            l.frame.is_object,
+            "{flavor:?}"
+        );
+        // The middle frame's type becomes `str`.
+        let str_type = target.known.get(super::objects::Known::Str).unwrap();
+        b.w64(middle + l.object.ob_type, str_type);
+        let mem = b.memory();
+        let ctx = Ctx { mem: &mem, ..ctx };
+        let (frames, truncated) =
+            walk_frames(ctx, inner, &mut CodeCache::default(), &mut counts, 100).unwrap();
+        if l.frame.is_object {
+            assert_eq!((frames.len(), truncated), (1, true), "{flavor:?}");
+            assert_eq!(counts.get(ErrorKind::WrongType), 1, "{flavor:?}");
+        } else {
+            // 3.11+: the word at offset 8 of an interpreter frame is another field.
+            assert_eq!(counts.get(ErrorKind::WrongType), 0, "{flavor:?}");
+        }
     }
 }

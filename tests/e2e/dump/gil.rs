@@ -1,17 +1,35 @@
 //! Acceptance 7: GIL state per thread. On GIL builds a thread spinning in Python holds the GIL
 //! (in most dumps: the reads race with GIL switches) and a thread blocked in C with the GIL released
 //! never does; on 3.13t with the GIL disabled every thread is "no_gil"; with `PYTHON_GIL=1` the
-//! spinning thread holds it.
+//! spinning thread holds it. The text header of each thread (`Thread TID (NAME) [STATE]`) says
+//! the same: `[holds GIL]`/`[waiting]` on GIL builds, `[active]` (attached, running Python) or
+//! `[no GIL]` (detached) without one.
 
 use serde_json::Value;
 
-use super::support::{Launch, Workload, dump_json, setup, thread};
+use super::support::{Launch, Workload, dump_json, dump_text, setup, thread};
 
 /// Dumps per GIL test; the spinning thread must hold the GIL in a strict majority of them.
 const GIL_DUMPS: usize = 7;
 
 fn gil_of(dump: &Value, name: &str) -> String {
     thread(dump, name)["gil"].as_str().unwrap().to_string()
+}
+
+/// The bracketed state of thread `name`'s header in a text dump of `pid`.
+fn text_state(pid: u32, name: &str) -> String {
+    let out = dump_text(pid);
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("Thread ") && l.contains(&format!(" ({name}) [")))
+        .unwrap_or_else(|| panic!("no header of thread {name}:\n{out}"));
+    let (_, state) = header
+        .rsplit_once(" [")
+        .unwrap_or_else(|| panic!("{header:?}"));
+    state
+        .strip_suffix(']')
+        .unwrap_or_else(|| panic!("{header:?}"))
+        .to_string()
 }
 
 /// A GIL build (or 3.13t with `PYTHON_GIL=1`): spinner mostly "holds", blocked always
@@ -66,6 +84,23 @@ fn gil_holder(name: &str, env: &[(&str, &str)]) {
     assert!(
         holds * 2 > GIL_DUMPS,
         "{name}: the spinning thread held the GIL in {holds}/{GIL_DUMPS} dumps: {seen:?}"
+    );
+    let mut texts = Vec::new();
+    for _ in 0..GIL_DUMPS {
+        assert_eq!(
+            text_state(w.pid, "blocked"),
+            "waiting",
+            "{name}: text header"
+        );
+        texts.push(text_state(w.pid, "spinner"));
+    }
+    assert!(
+        texts.iter().all(|s| s == "holds GIL" || s == "waiting"),
+        "{name}: spinner headers {texts:?}"
+    );
+    assert!(
+        texts.iter().filter(|s| *s == "holds GIL").count() * 2 > GIL_DUMPS,
+        "{name}: the spinner's header said [holds GIL] in too few text dumps: {texts:?}"
     );
 }
 
@@ -129,6 +164,24 @@ fn gil_disabled(name: &str) {
             );
         }
     }
+    // Blocked in `Event.wait`: detached. Spinning: attached in (nearly) every read.
+    let mut spinner = Vec::new();
+    for _ in 0..GIL_DUMPS {
+        assert_eq!(
+            text_state(w.pid, "blocked"),
+            "no GIL",
+            "{name}: text header"
+        );
+        spinner.push(text_state(w.pid, "spinner"));
+    }
+    assert!(
+        spinner.iter().all(|s| s == "active" || s == "no GIL"),
+        "{name}: spinner headers {spinner:?}"
+    );
+    assert!(
+        spinner.iter().filter(|s| *s == "active").count() * 2 > GIL_DUMPS,
+        "{name}: the spinner's header said [active] in too few text dumps: {spinner:?}"
+    );
 }
 
 #[test]

@@ -22,7 +22,7 @@ const MIN_SAMPLES: u64 = 10;
 /// The three interpreters running at once.
 const AT_ONCE: [&str; 3] = ["3.12", "3.13t", "3.14"];
 
-/// A spinning workload and its stack as `dump` shows it (outermost first).
+/// A spinning workload and its stack as CPython showed it (outermost first).
 struct Spinner {
     w: Workload,
     expected: Vec<String>,
@@ -36,13 +36,14 @@ impl Spinner {
     }
 }
 
-/// The spinner thread's dumped stack, checked to end in `spin_outer` → `spin` at its lines.
+/// The spinner thread's own stack (its ready file), checked to end in `spin_outer` → `spin` at
+/// its lines.
 fn spinner_stack(w: &Workload) -> Vec<String> {
-    let expected = w.dump_stack(w.tid(SPINNER));
+    let expected = w.own_stack(SPINNER);
     let tail = [w.label("spin_outer", "call_spin"), w.label("spin", "spin")];
     assert!(
         expected.ends_with(&tail),
-        "{}: dump of the spinner does not end in spin_outer → spin (a dump bug):\n{}",
+        "{}: the spinner's own stack does not end in spin_outer → spin (a workload bug):\n{}",
         w.interp,
         show_frames(&expected)
     );
@@ -50,7 +51,7 @@ fn spinner_stack(w: &Workload) -> Vec<String> {
 }
 
 /// Checks that `pid` is in the recording, that its root is `comm (pid)`, and that ≥ 90 % of its
-/// samples are exactly `comm (pid)` then the dumped stack (no `--threads` level).
+/// samples are exactly `comm (pid)` then the thread's own stack (no `--threads` level).
 #[track_caller]
 fn check_spinner(rec: &Recording, what: &str, pid: u32, root: &str, expected: &[String]) {
     let mine = rec.of_pid(pid);

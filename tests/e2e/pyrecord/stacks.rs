@@ -1,6 +1,7 @@
 //! Exact Python stacks per thread: a depth-20 stack on every interpreter is, in ≥ 95 % of the
-//! thread's samples, exactly the stack `dump` shows; on 3.13t with the GIL disabled, four threads
-//! spinning in parallel in four functions each show only their own function.
+//! thread's samples, exactly the stack CPython itself showed (the workload's ready file); on
+//! 3.13t with the GIL disabled, four threads spinning in parallel in four functions each show
+//! only their own function.
 
 use super::support::{
     OutDir, Recording, Sample, Workload, count_where, first_difference, setup, show, show_frames,
@@ -44,7 +45,7 @@ fn check_thread(
         show(&rec.of_pid(pid), 30)
     );
     let exact = count_where(&mine, |s| python_part(s) == expected);
-    eprintln!("{what}: thread {name} (tid {tid}): {exact}/{n} samples exactly the dumped stack");
+    eprintln!("{what}: thread {name} (tid {tid}): {exact}/{n} samples exactly its own stack");
     if exact * 100 < n * 95 {
         let worst = mine
             .iter()
@@ -53,7 +54,7 @@ fn check_thread(
             .unwrap();
         panic!(
             "{what}: only {exact}/{n} samples of thread {name} (tid {tid}) carry exactly the \
-             stack dump shows ({})\nexpected under `… ({pid});{name} ({tid})`, outermost \
+             stack CPython showed ({})\nexpected under `… ({pid});{name} ({tid})`, outermost \
              first:\n{}most frequent wrong stack ({} samples): {}\nsamples of the thread:\n{}",
             rec.what,
             show_frames(expected),
@@ -86,17 +87,17 @@ fn deep20_own_frames(w: &Workload) -> Vec<String> {
 }
 
 /// Acceptance 1: a thread spinning at a known depth-20 stack → ≥ 95 % of its samples carry
-/// exactly the stack `dump` shows for it. `env` is given to `record`.
+/// exactly the stack CPython showed for it (the workload's ready file). `env` is given to `record`.
 pub(super) fn deep_stack_with(name: &str, env: &[(&str, &str)]) -> Option<Recording> {
     let interp = setup(name)?;
     let w = Workload::start(&interp, "rec_deep.py", &[], &[]);
     let tid = w.tid(DEEP_THREAD);
-    let expected = w.dump_stack(tid);
+    let expected = w.own_stack(DEEP_THREAD);
     let own = deep20_own_frames(&w);
     assert!(
         expected.ends_with(&own),
-        "{name}: dump of pid {} thread {tid} does not end with f1 … f20 (a dump bug, not a \
-         record bug):\n{}expected to end with:\n{}",
+        "{name}: CPython's own stack of pid {} thread {tid} does not end with f1 … f20 (a \
+         workload bug, not a record bug):\n{}expected to end with:\n{}",
         w.pid,
         show_frames(&expected),
         show_frames(&own)
@@ -179,7 +180,7 @@ fn deep_stack_3_15_sid_root() {
 }
 
 /// Acceptance 3: 3.13t with the GIL disabled, four threads spinning in four functions in
-/// parallel → each thread's samples show only its own function (exactly its dumped stack in
+/// parallel → each thread's samples show only its own function (exactly its own stack in
 /// ≥ 95 %, never another thread's function).
 #[test]
 fn free_threaded_four_threads_show_only_their_own_function_3_13t() {
@@ -196,12 +197,12 @@ fn free_threaded_four_threads_show_only_their_own_function_3_13t() {
         .map(|r| {
             let name = format!("t-{r}");
             let tid = w.tid(&name);
-            let expected = w.dump_stack(tid);
+            let expected = w.own_stack(&name);
             let own = w.label(&format!("spin_{r}"), &format!("spin_{r}"));
             assert_eq!(
                 expected.last(),
                 Some(&own),
-                "dump of {name} (tid {tid}) is not in spin_{r}:\n{}",
+                "CPython's own stack of {name} (tid {tid}) is not in spin_{r}:\n{}",
                 show_frames(&expected)
             );
             (name, tid, expected)

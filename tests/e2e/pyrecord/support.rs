@@ -275,6 +275,39 @@ impl Workload {
         self.files.label(function, tag)
     }
 
+    /// Thread `name`'s Python stack as CPython itself saw it when the workload wrote its ready
+    /// file (`sys._current_frames()`, read by the workload), outermost first, as labels
+    /// `function (file:line)`: the truth `record`'s stacks are compared with (not `dump`, which
+    /// shares pyebpf's reading code). Functions are `co_qualname` from 3.11, `co_name` before,
+    /// as pyebpf shows them.
+    pub fn own_stack(&self, name: &str) -> Vec<String> {
+        let frames = self.ready["threads"][name]["stack"]
+            .as_array()
+            .unwrap_or_else(|| {
+                panic!(
+                    "ready file of {} has no stack of thread {name}: {}",
+                    self.interp, self.ready
+                )
+            });
+        assert!(
+            !frames.is_empty(),
+            "{}: thread {name}: empty stack",
+            self.interp
+        );
+        frames
+            .iter()
+            .rev()
+            .map(|f| {
+                format!(
+                    "{} ({}:{})",
+                    f["function"].as_str().unwrap(),
+                    f["file"].as_str().unwrap(),
+                    f["line"].as_i64().unwrap()
+                )
+            })
+            .collect()
+    }
+
     /// The thread's Python stack as `dump --json` shows it now, outermost first, as labels.
     pub fn dump_stack(&self, tid: u32) -> Vec<String> {
         dump_stack(self.pid, tid)
@@ -461,18 +494,25 @@ pub fn record_spawn(args: &[&str], out: &Path) -> Child {
 }
 
 /// Waits until the `record` process `child` samples: it holds its CPU-clock perf events, one
-/// per online CPU, and that has been steady for half a second. Kernels ≥ 5.15 attach them
-/// through BPF links (one `bpf_link` fd per CPU); older ones attach the program to each perf
-/// event with an ioctl, so there only the `perf_event` fds show: one per CPU plus the three
-/// process-event tracepoints. `record` loads and verifies its program first, which takes
-/// seconds for a debug build on a busy machine; "N s after the run begins" counts from here.
+/// per online CPU, (with `--idle`) its `sched_switch` program is attached, and that has been
+/// steady for half a second. Kernels ≥ 5.15 attach the perf events through BPF links (one
+/// `bpf_link` fd of `link_type: perf` per CPU, the perf event fd itself closed); older ones attach
+/// the program to each perf event with an ioctl, so there the `perf_event` fds show. The
+/// process-event programs are raw tracepoints (`bpf_link` fds of `link_type: raw_tracepoint`)
+/// attached before the sampling program is even loaded, so they say nothing: counting them let
+/// a run on 5.10 in qemu, whose verifier takes a minute there, look like it was sampling.
+/// `record` loads and verifies its programs first, which takes seconds for a debug build on a
+/// busy machine; "N s after the run begins" counts from here.
 pub fn wait_sampling(child: &mut Child) {
-    /// `sched_process_exec`, `sched_process_exit`, `task_newtask`.
-    const TRACEPOINTS: usize = 3;
     // SAFETY: sysconf has no preconditions.
     let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1);
-    let fds = |pid: u32| {
-        let (mut links, mut events) = (0, 0);
+    let idle = std::fs::read(format!("/proc/{}/cmdline", child.id()))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .any(|a| a == b"--idle");
+    // (CPU-clock attachments, `sched_switch` links).
+    let attachments = |pid: u32| {
+        let (mut perf, mut switch) = (0, 0);
         for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()
             .flatten()
@@ -482,12 +522,27 @@ pub fn wait_sampling(child: &mut Child) {
                 .map(|l| l.to_string_lossy().into_owned())
                 .as_deref()
             {
-                Ok("anon_inode:bpf_link") => links += 1,
-                Ok("anon_inode:[perf_event]") => events += 1,
+                Ok("anon_inode:bpf_link") => {
+                    let info = std::fs::read_to_string(format!(
+                        "/proc/{pid}/fdinfo/{}",
+                        e.file_name().to_string_lossy()
+                    ))
+                    .unwrap_or_default();
+                    let kind = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("link_type:"))
+                        .map(str::trim);
+                    match kind {
+                        Some("perf") => perf += 1,
+                        Some("tracing") => switch += 1,
+                        _ => {}
+                    }
+                }
+                Ok("anon_inode:[perf_event]") => perf += 1,
                 _ => {}
             }
         }
-        (links, events)
+        (perf, switch)
     };
     let t0 = Instant::now();
     let (mut last, mut since) = ((0, 0), Instant::now());
@@ -495,21 +550,21 @@ pub fn wait_sampling(child: &mut Child) {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("record exited ({status}) before it started sampling");
         }
-        let n = fds(child.id());
-        let attached = n.0 >= cpus || n.1 >= cpus + TRACEPOINTS;
+        let n = attachments(child.id());
+        let attached = n.0 >= cpus && (!idle || n.1 >= 1);
         if n != last {
             (last, since) = (n, Instant::now());
         } else if attached && since.elapsed() >= Duration::from_millis(500) {
             return;
         }
         assert!(
-            t0.elapsed() < Duration::from_mins(2),
-            "record (pid {}) holds {} BPF links and {} perf events after 2 min, want ≥ {cpus} \
-             links or ≥ {} perf events: not sampling?",
+            t0.elapsed() < Duration::from_mins(4),
+            "record (pid {}) holds {} CPU-clock attachments and {} sched_switch links after 4 \
+             min, want ≥ {cpus}{}: not sampling?",
             child.id(),
             n.0,
             n.1,
-            cpus + TRACEPOINTS
+            if idle { " and 1" } else { "" }
         );
         std::thread::sleep(Duration::from_millis(20));
     }

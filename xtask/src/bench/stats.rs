@@ -100,7 +100,7 @@ mod tests {
     use super::*;
 
     #[test]
-    #[allow(clippy::float_cmp)] // reason: medians of small integers are exact
+    #[allow(clippy::float_cmp, reason = "medians of small integers are exact")]
     fn median_and_range() {
         let s = summarize(&[3.0, 1.0, 2.0, 10.0]).unwrap();
         assert_eq!((s.median, s.min, s.max, s.n), (2.5, 1.0, 10.0, 4));

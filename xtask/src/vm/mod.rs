@@ -223,6 +223,9 @@ pub fn matrix(
         let _ = writeln!(summary, "{}", r.line());
     }
     std::fs::write(root.join("summary.txt"), &summary)?;
+    for r in rows.iter().filter(|r| !r.passed) {
+        eprint!("{}", r.failure_tails());
+    }
     say("vm-test", "kernel matrix:");
     for r in &rows {
         say("vm-test", format!("  {}", r.line()));

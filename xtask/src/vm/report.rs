@@ -107,6 +107,30 @@ impl Row {
         line
     }
 
+    /// The last lines of each failed step's log, so a CI transcript says why a kernel failed
+    /// (the logs themselves stay in the run's directory, which CI does not keep).
+    pub fn failure_tails(&self) -> String {
+        const TAIL: usize = 60;
+        let mut text = String::new();
+        for (step, rc, _) in self.outcome.steps.iter().filter(|(_, rc, _)| *rc != 0) {
+            let log = Path::new(&self.out).join(format!("{step}.log"));
+            let body = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = body.lines().collect();
+            let from = lines.len().saturating_sub(TAIL);
+            let _ = writeln!(
+                text,
+                "---- {}: {step} exited {rc}; last {} lines of {}:",
+                self.name,
+                lines.len() - from,
+                log.display()
+            );
+            for l in &lines[from..] {
+                let _ = writeln!(text, "    {l}");
+            }
+        }
+        text
+    }
+
     /// `bpf_loop 5235, bounded 13928` (the most verified instructions over record variants).
     fn loads(&self) -> String {
         let v = self.outcome.verified_by_variant();
