@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::support::{OutDir, Sample, Workload, parse_folded, setup};
-use crate::common::{Guard, Interpreter, cache_dir, in_ci, missing, pyebpf, run, text};
+use crate::common::{Guard, Interpreter, cache_dir, missing, pyebpf, run, text};
 
 /// Where `cargo xtask setup --interpreters` installs the real-world packages, as `interp` sees
 /// it (inside the sid root; a host path for host interpreters).
@@ -265,7 +265,7 @@ fn all_names_skipped_processes() {
             "want `{line}` in the summary:\n{err}"
         );
     }
-    if in_ci() {
+    if prereq::in_ci() {
         assert!(err.contains("python_unsupported"), "{err}");
     }
 }
