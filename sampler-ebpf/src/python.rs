@@ -535,7 +535,15 @@ unsafe fn walk_frames<V: Variant>(
         next: 0,
     };
     V::walk_frames();
-    let count = state.nframes.min(FRAME_BUDGET as u32);
+    // Not `min(FRAME_BUDGET)`: the copy's size is a precise register for the verifier, and a
+    // `min` gives it two ranges (exactly the budget, or below it) that no later state can prune
+    // against each other — 6.1 verified the rest of the program twice (104k instructions, not
+    // 50k). A count beyond the budget cannot happen (the step stops there); refusing it keeps
+    // one range.
+    let count = state.nframes;
+    if count > FRAME_BUDGET as u32 {
+        return Err(Stop::Read);
+    }
     h.nframes = count;
     // SAFETY: `out.frames` holds FRAME_BUDGET records (the reserved record); `count` ≤
     // FRAME_BUDGET records are copied from this CPU's `PY_FRAMES` value.
