@@ -566,7 +566,7 @@ const _: () = assert!(core::mem::size_of::<ProcEvent>() == 40);
 
 /// Per-CPU counters in `COUNTERS`. Values are indices.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Counter {
     /// perf-event program runs (all samples, before filtering).
     Runs = 0,
@@ -582,7 +582,8 @@ pub enum Counter {
     LostProcEvents = 5,
     /// Kernel-mode samples whose task `pt_regs` could not be read.
     NoUserRegs = 6,
-    /// `get_stackid` failed with something other than `-EFAULT` (user-mode sample).
+    /// `get_stackid` failed with something other than `-EFAULT` (user-mode sample) or
+    /// `-EEXIST` (a collision, [`Counter::KernelStackCollisions`]).
     KernelStackErrors = 7,
     /// User-stack copies whose first page faulted (nothing copied).
     StackCopyEmpty = 8,
@@ -621,13 +622,17 @@ pub enum Counter {
     OffCpuLost = 23,
     /// Target threads not followed off-CPU: `OFFCPU` was full.
     OffCpuMapFull = 24,
+    /// Kernel stacks not kept: `get_stackid` found their hash bucket in `KSTACKS` taken by
+    /// another stack (`-EEXIST`; replacing it would give earlier samples that name the bucket
+    /// the wrong stack). The sample is kept without its kernel frames.
+    KernelStackCollisions = 25,
     /// Python-process samples whose walk stopped at an invalid frame
     /// (`py_flags::INVALID_FRAME`).
-    PyInvalidFrames = 25,
+    PyInvalidFrames = 26,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 26;
+pub const COUNTERS_LEN: u32 = 27;
 
 impl Counter {
     /// Every counter, in index order.
@@ -657,6 +662,7 @@ impl Counter {
         Counter::OffCpuShort,
         Counter::OffCpuLost,
         Counter::OffCpuMapFull,
+        Counter::KernelStackCollisions,
         Counter::PyInvalidFrames,
     ];
 
@@ -689,6 +695,7 @@ impl Counter {
             Counter::OffCpuShort => "offcpu_short",
             Counter::OffCpuLost => "offcpu_lost",
             Counter::OffCpuMapFull => "offcpu_map_full",
+            Counter::KernelStackCollisions => "kernel_stack_collisions",
             Counter::PyInvalidFrames => "py_invalid_frames",
         }
     }

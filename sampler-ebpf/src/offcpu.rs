@@ -282,7 +282,11 @@ fn kernel_stack_id(ctx: &BtfTracePointContext, cfg: &Config) -> i32 {
     match ctx.get_stackid(&KSTACKS, 0) {
         Ok(id) => id as i32,
         Err(errno) => {
-            count(Counter::KernelStackErrors);
+            count(if errno == crate::sample::NEG_EEXIST {
+                Counter::KernelStackCollisions
+            } else {
+                Counter::KernelStackErrors
+            });
             errno
         }
     }

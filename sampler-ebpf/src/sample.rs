@@ -35,6 +35,9 @@ use crate::{
 
 /// `-EFAULT`: what `get_stackid` returns for a sample taken in user mode (no kernel stack).
 const NEG_EFAULT: i32 = -14;
+/// `-EEXIST`: what `get_stackid` (without `BPF_F_REUSE_STACKID`) returns when the stack's hash
+/// bucket holds another stack.
+pub(crate) const NEG_EEXIST: i32 = -17;
 /// `-ENOENT`: stored as the kernel stack id when kernel stacks are disabled.
 const KSTACK_DISABLED: i32 = -2;
 /// Mask that rounds an address down to the start of its page.
@@ -165,7 +168,9 @@ fn kernel_stack_id(ctx: &PerfEventContext, cfg: &Config, flags: u32) -> i32 {
     match ctx.get_stackid(&KSTACKS, 0) {
         Ok(id) => id as i32,
         Err(errno) => {
-            if errno != NEG_EFAULT {
+            if errno == NEG_EEXIST {
+                count(Counter::KernelStackCollisions);
+            } else if errno != NEG_EFAULT {
                 count(Counter::KernelStackErrors);
             }
             errno

@@ -22,6 +22,7 @@ pub mod collect;
 pub mod config;
 pub mod coredump;
 pub mod dump;
+pub mod failure;
 pub mod fuzzing;
 pub mod lru;
 pub mod merge;

@@ -11,6 +11,7 @@
 //! per process, so a target cannot precompute collisions for names or addresses it controls
 //! (FxHash's fixed multiplier can be inverted; std's SipHash showed in the profile).
 
+use std::borrow::Borrow;
 use std::hash::Hash;
 use std::num::NonZeroUsize;
 
@@ -23,46 +24,70 @@ pub type FastSet<K> = std::collections::HashSet<K, FastHasher>;
 
 /// A bounded map that evicts its least recently used entry.
 pub struct Lru<K, V> {
+    /// Unbounded in the crate, bounded here: the crate's bounded constructor allocates its
+    /// table for the whole capacity up front (several MiB for the frame caches, before a
+    /// single entry), so the table grows with what is cached instead.
     inner: lru::LruCache<K, V, FastHasher>,
+    cap: NonZeroUsize,
 }
 
 impl<K: Hash + Eq, V> Lru<K, V> {
     /// A cache of at most `capacity` entries (at least one).
     pub fn new(capacity: usize) -> Self {
-        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Lru {
-            inner: lru::LruCache::with_hasher(cap, FastHasher::default()),
+            inner: lru::LruCache::unbounded_with_hasher(FastHasher::default()),
+            cap: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
         }
     }
 
     /// The value of `k`, marking it used.
-    pub fn get(&mut self, k: &K) -> Option<&V> {
+    pub fn get<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.get(k)
     }
 
     /// The value of `k`, mutable, marking it used.
-    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+    pub fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.get_mut(k)
     }
 
     /// The value of `k` without marking it used.
-    pub fn peek(&self, k: &K) -> Option<&V> {
+    pub fn peek<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.peek(k)
     }
 
     /// Whether `k` is cached (not marking it used).
-    pub fn contains(&self, k: &K) -> bool {
+    pub fn contains<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.inner.contains(k)
     }
 
     /// Inserts or replaces `k`; returns the entry it displaced: the old value of `k`, or the
     /// least recently used entry evicted to make room.
     pub fn insert(&mut self, k: K, v: V) -> Option<(K, V)> {
+        if self.inner.len() >= self.cap.get() && !self.inner.contains(&k) {
+            let evicted = self.inner.pop_lru();
+            self.inner.put(k, v);
+            return evicted;
+        }
         self.inner.push(k, v)
     }
 
     /// Removes `k`.
-    pub fn remove(&mut self, k: &K) -> Option<V> {
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         self.inner.pop(k)
     }
 
@@ -78,7 +103,7 @@ impl<K: Hash + Eq, V> Lru<K, V> {
 
     /// The bound.
     pub fn capacity(&self) -> usize {
-        self.inner.cap().get()
+        self.cap.get()
     }
 
     /// Drops every entry.
@@ -96,7 +121,7 @@ impl<K: Hash + Eq, V> std::fmt::Debug for Lru<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lru")
             .field("len", &self.inner.len())
-            .field("capacity", &self.inner.cap())
+            .field("capacity", &self.cap)
             .finish()
     }
 }
@@ -120,6 +145,17 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stays_within_its_capacity() {
+        let mut c = Lru::new(100);
+        for i in 0..1000 {
+            c.insert(i, i);
+        }
+        assert_eq!((c.len(), c.capacity()), (100, 100));
+        assert!(c.contains(&999) && !c.contains(&899));
+        assert_eq!(Lru::<u32, u32>::new(0).capacity(), 1, "at least one entry");
+    }
 
     #[test]
     fn evicts_the_least_recently_used() {

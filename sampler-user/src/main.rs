@@ -355,6 +355,12 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// What `report` writes: a profile format, or the report itself.
+enum ReportView {
+    Format(pyebpf::output::Format),
+    Report(pyebpf::report::ReportConfig),
+}
+
 fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     use pyebpf::output::Format;
     let format = match (&a.format, &a.output) {
@@ -383,19 +389,21 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         full_filenames: a.full_filenames,
         addresses: a.addresses,
     };
-    if format.is_none() {
-        // A usage error is reported before the file is read.
-        pyebpf::report::validate(&opts)?;
-    }
+    // A usage error is reported before the file is read (a format's output has no options).
+    let view = match format {
+        Some(f) => ReportView::Format(f),
+        None => ReportView::Report(pyebpf::report::ReportConfig::new(&opts)?),
+    };
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
-    let mut profile = load(&a.file)?;
+    // Writing the saved format again needs every sample, not only their counts.
+    let mut profile = load(&a.file, format == Some(Format::Pyebpf))?;
     if a.full_filenames {
         profile.file_names = pyebpf::profile::FileNames::Full;
     }
-    let written = match format {
-        Some(format) => out.write(|w| format.render(&profile, w)),
-        None => out.write(|w| pyebpf::report::render(&profile, &opts, w)),
+    let written = match &view {
+        ReportView::Format(format) => out.write(|w| format.render(&profile, w)),
+        ReportView::Report(cfg) => out.write(|w| pyebpf::report::render(&profile, cfg, w)),
     };
     written.map_err(|e| {
         if out.is_stdout() {
@@ -407,20 +415,23 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Loads a saved profile; an incomplete one (a run that was killed) is said so on stderr.
-fn load(path: &std::path::Path) -> Result<pyebpf::profile::Profile, pyebpf::saved::LoadError> {
-    let loaded = pyebpf::saved::load(path)?;
+fn load(
+    path: &std::path::Path,
+    timeline: bool,
+) -> Result<pyebpf::profile::Profile, pyebpf::saved::LoadError> {
+    let loaded = pyebpf::saved::load_with(path, timeline)?;
     if !loaded.complete {
         eprintln!(
             "pyebpf: {}: incomplete (the run did not finish writing it): {} samples up to its last complete chunk; lost samples and errors unknown",
             path.display(),
-            loaded.profile.samples().len()
+            loaded.profile.sample_count()
         );
     }
     Ok(loaded.profile)
 }
 
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut profile = load(&a.file)?;
+    let mut profile = load(&a.file, true)?;
     if a.full_filenames {
         profile.file_names = pyebpf::profile::FileNames::Full;
     }
@@ -431,7 +442,7 @@ fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let cfg = pyebpf::top::TopConfig {
+    let req = pyebpf::top::TopRequest {
         pids: a.pids,
         rate_hz: a.rate,
         native: a.native,
@@ -440,7 +451,7 @@ fn top(a: TopArgs) -> Result<(), Box<dyn std::error::Error>> {
         idle: a.idle,
     };
     pyebpf::top::require_terminal()?;
-    cfg.validate()?;
+    let cfg = pyebpf::top::TopConfig::new(&req)?;
     pyebpf::preflight::check()?;
     pyebpf::top::run(&cfg)?;
     Ok(())

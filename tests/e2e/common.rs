@@ -222,3 +222,137 @@ pub fn run(cmd: &mut Command) -> Output {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// Seconds of CPU time (user + system) in a `/proc/…/stat` file.
+fn stat_cpu_secs(path: &Path) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // After the `(comm)` field, which may hold spaces: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').expect("stat without comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / hz
+}
+
+/// The CPU time a process or one of its threads uses from now on.
+pub struct Cpu {
+    stat: PathBuf,
+    since: f64,
+}
+
+impl Cpu {
+    /// Process `pid` (all its threads).
+    pub fn process(pid: u32) -> Cpu {
+        Cpu::at(PathBuf::from(format!("/proc/{pid}/stat")))
+    }
+
+    /// Thread `tid` of process `pid`.
+    pub fn thread(pid: u32, tid: u32) -> Cpu {
+        Cpu::at(PathBuf::from(format!("/proc/{pid}/task/{tid}/stat")))
+    }
+
+    fn at(stat: PathBuf) -> Cpu {
+        let since = stat_cpu_secs(&stat);
+        Cpu { stat, since }
+    }
+
+    /// Seconds of CPU time used since this was made.
+    pub fn used(&self) -> f64 {
+        stat_cpu_secs(&self.stat) - self.since
+    }
+}
+
+/// Waits until each `(cpu, secs)` has used `secs` of CPU time, or `timeout` passes; returns
+/// the CPU seconds each used. Tests give a workload enough CPU time this way rather than a
+/// fixed wall-clock time, so a sample count measures the sampler, not how loaded the machine
+/// is.
+pub fn wait_cpu(targets: &[(&Cpu, f64)], timeout: Duration) -> Vec<f64> {
+    let t0 = Instant::now();
+    loop {
+        let used: Vec<f64> = targets.iter().map(|(c, _)| c.used()).collect();
+        if used.iter().zip(targets).all(|(u, t)| *u >= t.1) || t0.elapsed() >= timeout {
+            return used;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `pyebpf record` running with its debug line "sampling begins" watched: times in tests
+/// count from when sampling began, not from the spawn (attaching, loading the eBPF programs
+/// and scanning the host take seconds on a loaded machine).
+pub struct Recorder {
+    pub child: Child,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Recorder {
+    /// Spawns `cmd` (a `pyebpf record …`; its stderr is taken) and waits up to a minute for
+    /// sampling to begin.
+    pub fn start(mut cmd: Command) -> Recorder {
+        use std::io::BufRead as _;
+        cmd.env("PYEBPF_LOG", "pyebpf::record::session=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = std::thread::spawn(move || {
+            let mut kept = String::new();
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("sampling begins") {
+                    let _ = tx.send(());
+                } else {
+                    kept.push_str(&line);
+                    kept.push('\n');
+                }
+            }
+            kept
+        });
+        let mut r = Recorder {
+            child,
+            stderr: Some(stderr),
+        };
+        if rx.recv_timeout(Duration::from_mins(1)).is_err() {
+            let _ = r.child.kill();
+            let status = r.child.wait();
+            let err = r.stderr.take().map(|h| h.join().unwrap_or_default());
+            panic!(
+                "record never began sampling ({status:?}):\n{}",
+                err.unwrap_or_default()
+            );
+        }
+        r
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` to `record`.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: signalling our own child, not reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+
+    /// Waits for `record` to exit: its status and its stderr (without the debug line).
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let st = self.child.wait().unwrap();
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        (st, err)
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if self.stderr.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -7,6 +7,7 @@
 
 mod common;
 mod dump;
+mod flags;
 mod pprof;
 mod pyrecord;
 mod record;

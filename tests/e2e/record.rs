@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{Guard, build_c, pyebpf, require_root, run, spawn_until, text};
+use crate::common::{
+    Cpu, Guard, Recorder, build_c, pyebpf, require_root, run, spawn_until, text, wait_cpu,
+};
 
 /// A fresh output directory for one test.
-fn out_dir(test: &str) -> PathBuf {
+pub(crate) fn out_dir(test: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("pyebpf-e2e-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -17,7 +19,7 @@ fn out_dir(test: &str) -> PathBuf {
 }
 
 /// Starts the C workload `hot` (main → outer → middle → hot, spinning).
-fn start_hot() -> Guard {
+pub(crate) fn start_hot() -> Guard {
     let bin = build_c("native/hot.c", &[]);
     spawn_until(
         Command::new(bin).stdout(Stdio::null()),
@@ -30,7 +32,7 @@ fn start_hot() -> Guard {
 }
 
 /// Parses folded stacks into (stack, count).
-fn parse_folded(s: &str) -> Vec<(String, u64)> {
+pub(crate) fn parse_folded(s: &str) -> Vec<(String, u64)> {
     s.lines()
         .map(|l| {
             let (stack, count) = l
@@ -47,7 +49,7 @@ fn parse_folded(s: &str) -> Vec<(String, u64)> {
 }
 
 /// Samples whose root is `… (pid)`.
-fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
+pub(crate) fn samples_of(folded: &[(String, u64)], pid: u32) -> Vec<(String, u64)> {
     let suffix = format!(" ({pid})");
     folded
         .iter()
@@ -71,7 +73,7 @@ fn hot_fraction(samples: &[(String, u64)]) -> (u64, u64) {
     (good, total)
 }
 
-fn lost_samples(stderr: &str) -> u64 {
+pub(crate) fn lost_samples(stderr: &str) -> u64 {
     let line = stderr
         .lines()
         .find(|l| l.contains("lost samples:"))
@@ -88,7 +90,7 @@ fn native_stack_of_c_program_without_frame_pointers() {
     let dir = out_dir("native");
     let out = dir.join("hot.txt");
     let pid = hot.pid().to_string();
-    let o = run(pyebpf(&[
+    let mut c = pyebpf(&[
         "record",
         "-p",
         &pid,
@@ -96,23 +98,29 @@ fn native_stack_of_c_program_without_frame_pointers() {
         "-f",
         "collapsed",
         "-d",
-        "3",
+        "60",
         "-o",
-    ])
-    .arg(&out));
-    assert!(o.status.success(), "record failed: {}", text(&o.stderr));
+    ]);
+    c.arg(&out);
+    let rec = Recorder::start(c);
+    // 1.5 s of the program's CPU time while sampling: ~148 samples at 99 Hz.
+    let used = wait_cpu(&[(&Cpu::process(hot.pid()), 1.5)], Duration::from_secs(40));
+    rec.signal(libc::SIGINT);
+    let (st, err) = rec.finish();
+    assert!(st.success(), "record failed: {st}: {err}");
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let mine = samples_of(&folded, hot.pid());
     let (good, total) = hot_fraction(&mine);
     assert!(
-        total >= 30,
-        "too few samples of the C program: {total}\n{folded:?}"
+        total >= 100,
+        "too few samples of the C program: {total} ({:.2} s of CPU while sampling)\n{folded:?}",
+        used[0]
     );
     assert!(
         good * 100 >= total * 90,
         "only {good}/{total} samples have main;outer;middle;hot:\n{folded:#?}"
     );
-    assert_eq!(lost_samples(&text(&o.stderr)), 0, "lost samples at 99 Hz");
+    assert_eq!(lost_samples(&err), 0, "lost samples at 99 Hz");
 }
 
 #[test]
@@ -128,46 +136,64 @@ fn all_processes_native_with_python_and_late_starter() {
     );
     let dir = out_dir("all");
     let out = dir.join("all.txt");
-    let mut rec = pyebpf(&[
+    let mut c = pyebpf(&[
         "record",
         "--all",
         "--native",
         "-f",
         "collapsed",
         "-d",
-        "4",
+        "60",
         "-o",
     ]);
-    rec.arg(&out).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let rec = rec.spawn().unwrap();
-    // A process that starts 1 s after recording began.
-    std::thread::sleep(Duration::from_millis(1500));
+    c.arg(&out);
+    let rec = Recorder::start(c);
+    let since = [Cpu::process(hot.pid()), Cpu::process(py.pid())];
+    // A process that starts 1 s after sampling began.
+    std::thread::sleep(Duration::from_secs(1));
     let late = Guard(
         Command::new("sh")
             .args(["-c", "while :; do :; done"])
             .spawn()
             .unwrap(),
     );
-    let o = rec.wait_with_output().unwrap();
-    assert!(o.status.success(), "record failed: {}", text(&o.stderr));
+    // Each has 0.75 s of CPU while sampling (~74 samples at 99 Hz), the late one 0.4 s
+    // (~40), however loaded the machine is.
+    let used = wait_cpu(
+        &[
+            (&since[0], 0.75),
+            (&since[1], 0.75),
+            (&Cpu::process(late.pid()), 0.4),
+        ],
+        Duration::from_secs(40),
+    );
+    rec.signal(libc::SIGINT);
+    let (st, err) = rec.finish();
+    assert!(st.success(), "record failed: {st}: {err}");
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let (good, total) = hot_fraction(&samples_of(&folded, hot.pid()));
-    assert!(total >= 10, "C program missing from --all: {total} samples");
+    assert!(
+        total >= 50,
+        "C program missing from --all: {total} samples ({:.2} s of CPU while sampling)",
+        used[0]
+    );
     assert!(
         good * 100 >= total * 90,
         "C stack wrong under --all: {good}/{total}"
     );
     let py_samples: u64 = samples_of(&folded, py.pid()).iter().map(|(_, c)| c).sum();
     assert!(
-        py_samples >= 10,
-        "busy python3 (pid {}) missing: {py_samples} samples",
-        py.pid()
+        py_samples >= 50,
+        "busy python3 (pid {}) missing: {py_samples} samples ({:.2} s of CPU while sampling)",
+        py.pid(),
+        used[1]
     );
     let late_samples: u64 = samples_of(&folded, late.pid()).iter().map(|(_, c)| c).sum();
     assert!(
-        late_samples >= 5,
-        "process started during the run (pid {}) missing: {late_samples}",
-        late.pid()
+        late_samples >= 20,
+        "process started during the run (pid {}) missing: {late_samples} samples ({:.2} s of CPU)",
+        late.pid(),
+        used[2]
     );
     assert!(
         folded
@@ -175,7 +201,7 @@ fn all_processes_native_with_python_and_late_starter() {
             .any(|(s, _)| s.starts_with(&format!("hot ({})", hot.pid()))),
         "root frame is not `hot (pid)`"
     );
-    assert_eq!(lost_samples(&text(&o.stderr)), 0);
+    assert_eq!(lost_samples(&err), 0);
 }
 
 #[test]
@@ -269,28 +295,27 @@ fn sigint_writes_what_was_collected() {
     let dir = out_dir("sigint");
     let out = dir.join("int.txt");
     let pid = hot.pid().to_string();
-    let mut c = pyebpf(&["record", "-p", &pid, "-f", "collapsed", "-d", "30", "-o"]);
-    c.arg(&out).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = c.spawn().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut c = pyebpf(&["record", "-p", &pid, "-f", "collapsed", "-d", "60", "-o"]);
+    c.arg(&out);
+    let rec = Recorder::start(c);
+    // SIGINT once the program has had 0.75 s of CPU since sampling began (~74 samples at
+    // 99 Hz, however loaded the machine is).
+    let used = wait_cpu(&[(&Cpu::process(hot.pid()), 0.75)], Duration::from_secs(40));
+    rec.signal(libc::SIGINT);
     let t0 = std::time::Instant::now();
-    let o = child.wait_with_output().unwrap();
+    let (st, err) = rec.finish();
     assert!(
         t0.elapsed() < Duration::from_secs(10),
         "record did not stop promptly on SIGINT"
     );
-    assert!(
-        o.status.success(),
-        "record after SIGINT: {}",
-        text(&o.stderr)
-    );
+    assert!(st.success(), "record after SIGINT: {st}: {err}");
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let n: u64 = samples_of(&folded, hot.pid()).iter().map(|(_, c)| c).sum();
-    // Up to ~2 s at 99 Hz were taken before the signal; on a loaded 2-core machine the
-    // workload gets only part of a CPU, so ask for a clear but modest number.
-    assert!(n >= 10, "only {n} samples written after SIGINT");
+    assert!(
+        n >= 50,
+        "only {n} samples written after SIGINT ({:.2} s of CPU while sampling)",
+        used[0]
+    );
 }
 
 #[test]

@@ -16,6 +16,9 @@
 //!   the collapsed lines exactly — except that a sample with no frame under its process is
 //!   printed with one `[unknown]` frame (as perf prints an unknown ip), so the collapsed line
 //!   `comm (pid) N` reads `comm (pid);[unknown] N`;
+//! - `--comm`, `--tid`, `--thread` keep exactly that process, thread id or thread name's
+//!   samples; `--sort dso,sym` equals `--sort module,function`; `-g caller` trees start at the
+//!   outermost frame;
 //! - usage errors (`--sort bogus`, `-g fractal`) are one line, before the file is read.
 
 use std::collections::BTreeMap;
@@ -427,6 +430,111 @@ impl Run<'_> {
         );
     }
 
+    /// `--comm`, `--tid` and `--thread` keep exactly the samples of that process, thread id or
+    /// thread name; `dso`/`sym` are `module`/`function`; `-g caller` draws each row's tree from
+    /// the outermost frame.
+    fn thread_filters_aliases_caller(&self, workloads: &[Workload]) {
+        let per_pid = self.per_pid();
+        // --comm: each process's comm keeps exactly the processes with that comm.
+        let by_process = text_rows(&self.report(&["--sort", "comm,pid"]));
+        for row in &by_process {
+            let (comm, pid) = row.keys.rsplit_once(' ').unwrap();
+            let comm = comm.trim();
+            let want: BTreeMap<u32, u64> = by_process
+                .iter()
+                .filter(|r| r.keys.rsplit_once(' ').unwrap().0.trim() == comm)
+                .map(|r| {
+                    (
+                        r.keys.rsplit_once(' ').unwrap().1.parse().unwrap(),
+                        r.samples,
+                    )
+                })
+                .collect();
+            let report = self.report(&["--sort", "pid", "--comm", comm]);
+            let got: BTreeMap<u32, u64> = text_rows(&report)
+                .iter()
+                .map(|r| (r.keys.parse().unwrap(), r.samples))
+                .collect();
+            assert_eq!(got, want, "--comm {comm} (pid {pid}):\n{report}");
+        }
+        // --tid and --thread: the spinner of each process is sampled as itself.
+        let by_thread = text_rows(&self.report(&["--sort", "thread,tid"]));
+        let split = |r: &TextRow| -> (String, u32) {
+            let (name, tid) = r.keys.rsplit_once(' ').unwrap();
+            (name.trim().to_string(), tid.parse().unwrap())
+        };
+        for w in workloads {
+            let tid = w.tid("spinner");
+            let row = by_thread
+                .iter()
+                .find(|r| split(r).1 == tid)
+                .unwrap_or_else(|| panic!("no row of tid {tid}: {by_thread:?}"));
+            assert!(
+                row.samples * 100 >= per_pid[&w.pid] * 90,
+                "the spinner (tid {tid}) has most of its process's samples: {row:?} of {}",
+                per_pid[&w.pid]
+            );
+            let report = self.report(&["--sort", "pid", "--tid", &tid.to_string()]);
+            assert_eq!(
+                text_rows(&report),
+                vec![TextRow {
+                    pct: "100.00%".into(),
+                    samples: row.samples,
+                    keys: w.pid.to_string()
+                }],
+                "--tid {tid}:\n{report}"
+            );
+            // The thread's name (the kernel's, as perf shows it): its threads, and only them.
+            let (name, _) = split(row);
+            let want: BTreeMap<u32, u64> = by_thread
+                .iter()
+                .filter(|r| split(r).0 == name)
+                .map(|r| (split(r).1, r.samples))
+                .collect();
+            let report = self.report(&["--sort", "tid", "--thread", &name]);
+            let got: BTreeMap<u32, u64> = text_rows(&report)
+                .iter()
+                .map(|r| (r.keys.parse().unwrap(), r.samples))
+                .collect();
+            assert_eq!(got, want, "--thread {name}:\n{report}");
+        }
+        // perf's key names.
+        assert_eq!(
+            text_rows(&self.report(&["--sort", "dso,sym"])),
+            text_rows(&self.report(&["--sort", "module,function"])),
+            "dso,sym vs module,function"
+        );
+        // -g caller: the tree under `spin` runs from the root (`comm (pid)`) of its heaviest
+        // stack down through that stack's frames.
+        let spins: Vec<&crate::pyrecord::support::Sample> = self
+            .folded
+            .iter()
+            .filter(|s| s.frames.last().is_some_and(|f| f.starts_with("spin (")))
+            .collect();
+        let most = spins
+            .iter()
+            .map(|s| s.count)
+            .max()
+            .expect("no stack ending in spin");
+        let report = self.report(&["--sort", "function", "-g", "caller", "--percent-limit", "5"]);
+        let tree: Vec<&str> = report
+            .lines()
+            .skip_while(|l| !l.ends_with("  [.] spin"))
+            .skip(1)
+            .collect();
+        // The first branch (equal counts may come in either order).
+        assert!(
+            spins.iter().filter(|s| s.count == most).any(|s| {
+                tree.len() >= s.frames.len()
+                    && tree[..s.frames.len()]
+                        .iter()
+                        .map(|l| l.split_once("%  ").map_or("", |(_, f)| f))
+                        .eq(s.frames.iter().map(String::as_str))
+            }),
+            "-g caller: the tree under spin is its heaviest stack from the root:\n{report}"
+        );
+    }
+
     /// `script` folds back to the collapsed output.
     fn script_folds_back(&self) {
         let script = ok(&["script", "run.pyebpf"], &self.dir.0);
@@ -498,6 +606,7 @@ fn report_and_script_of_three_python_processes() {
     run.by_function();
     run.machine_views_agree();
     run.filters_children_graph();
+    run.thread_filters_aliases_caller(&workloads);
     run.script_folds_back();
 }
 

@@ -339,3 +339,74 @@ fn top_idle_shows_the_state_column() {
     tmux.send("q");
     check_clean_exit(&tmux, "q");
 }
+
+/// `top -p PID -r 499 -n --gil` on `rec_gil.py` (3.12): the header says 499 Hz; native frames
+/// show (`start_thread`, libc's thread entry); the thread hashing in C with the GIL released
+/// is not counted (its `hash_forever` row, if a sample caught it in the instants it holds the
+/// GIL between two buffers, stays under 5 % %Total of the last second; without `--gil` it was
+/// 55 %), while the thread holding the GIL (`spin`) is. Then `top -k` on a C program
+/// looping on `read(2)`: kernel frames show as rows located in `kernel`.
+#[test]
+fn top_rate_native_gil_and_kernel_flags() {
+    let Some(interp) = setup("3.12") else {
+        return;
+    };
+    let w = Workload::start(&interp, "rec_gil.py", &[], &[]);
+    let pid = w.pid.to_string();
+    let Some(tmux) = Tmux::start(&top_command(&["-p", &pid, "-r", "499", "-n", "--gil"])) else {
+        return;
+    };
+    let spin = w.label("spin", "spin");
+    tmux.wait_screen("spin", FIRST_SCREEN_WITHIN, |s| {
+        s.lines().any(|l| l.contains(&spin))
+    });
+    // Sorted by %Total: the thread's entry (libc's `start_thread`, a native frame) is on top.
+    tmux.send("2");
+    let screen = tmux.wait_screen("a native frame", REACT_WITHIN, |s| {
+        s.contains("Functions sorted by %Total") && s.contains("start_thread (")
+    });
+    assert!(
+        screen.contains("(499 Hz x "),
+        "-r 499 not in the header:\n{screen}"
+    );
+    // A few more redraws: the hashing thread (on a CPU most of the time, GIL released) is not
+    // counted under --gil.
+    let hash = w.files.label_prefix("hash_forever");
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_secs(1));
+        let s = tmux.screen();
+        for row in s.lines().filter(|l| l.contains(&hash)) {
+            // %Total (with -n the thread's own time is in the hashing C function).
+            let total: f64 = row
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.trim_end_matches('%').parse().ok())
+                .unwrap_or(100.0);
+            assert!(
+                total < 5.0,
+                "--gil counts the thread without the GIL: {row}\n{s}"
+            );
+        }
+    }
+    tmux.send("q");
+    check_clean_exit(&tmux, "q");
+    drop(tmux);
+
+    let bin = crate::common::build_c("native/readloop.c", &[]);
+    let reader = crate::common::spawn_until(
+        Command::new(bin).stdout(Stdio::null()),
+        Duration::from_secs(5),
+        |_| true,
+    );
+    let pid = reader.pid().to_string();
+    let Some(tmux) = Tmux::start(&top_command(&["-p", &pid, "-k"])) else {
+        return;
+    };
+    let screen = tmux.wait_screen("kernel frames", FIRST_SCREEN_WITHIN, |s| {
+        s.lines()
+            .any(|l| l.contains("read") && l.contains("(kernel)"))
+    });
+    assert!(screen.contains("pyebpf top - "), "{screen}");
+    tmux.send("q");
+    check_clean_exit(&tmux, "q");
+}

@@ -74,8 +74,11 @@ fn cargo_fuzz(opts: &Options, cache: &Cache) -> Command {
     cmd
 }
 
-/// The libFuzzer flags shared by `build` and `run`.
-const BUILD_FLAGS: [&str; 4] = ["-s", "none", "--codegen-units", "4"];
+/// The libFuzzer flags shared by `build` and `run`. `-O`: cargo fuzz's own debug assertions
+/// and overflow checks come as RUSTFLAGS for every crate; `fuzz/Cargo.toml`'s release profile
+/// turns them on per package instead, so that one dependency can be exempted (framehop: see
+/// there).
+const BUILD_FLAGS: [&str; 5] = ["-O", "-s", "none", "--codegen-units", "4"];
 
 pub fn run(opts: &Options) -> Result<Vec<Outcome>> {
     let cache = Cache::from_env();

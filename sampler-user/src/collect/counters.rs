@@ -5,6 +5,8 @@
 //! error (for the run summary).
 use sampler_common::{COUNTERS_LEN, Counter};
 
+use crate::failure::{Failure, Failures, KERNEL_FAILURES};
+
 /// Summed counters of one collector run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CounterTotals {
@@ -13,26 +15,6 @@ pub struct CounterTotals {
     /// Ring-buffer records that could not be decoded (skipped).
     pub malformed: u64,
 }
-
-/// Kernel counters that mean data was lost or degraded. (`PyNoTstate` is not among them: a
-/// Python process's non-Python threads have no thread state by nature.)
-const ERROR_COUNTERS: [Counter; 15] = [
-    Counter::LostSamples,
-    Counter::LostProcEvents,
-    Counter::NoUserRegs,
-    Counter::KernelStackErrors,
-    Counter::StackCopyEmpty,
-    Counter::FollowFailed,
-    Counter::ProcEventErrors,
-    Counter::PyReadErrors,
-    Counter::PyTruncated,
-    Counter::PyThreadBudget,
-    Counter::PyBadProcInfo,
-    Counter::PyPidNsErrors,
-    Counter::PyInvalidFrames,
-    Counter::OffCpuLost,
-    Counter::OffCpuMapFull,
-];
 
 /// Kernel counters of the in-kernel Python walk.
 const PYTHON_COUNTERS: [Counter; 9] = [
@@ -83,12 +65,15 @@ impl CounterTotals {
         PYTHON_COUNTERS.iter().map(|&c| (c.name(), self.get(c)))
     }
 
-    /// The counters that mean loss or error, as `(name, value)` (zeros included).
-    pub fn error_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        ERROR_COUNTERS
-            .iter()
-            .map(|&c| (c.name(), self.get(c)))
-            .chain(std::iter::once(("malformed_records", self.malformed)))
+    /// The counters that mean loss or error ([`KERNEL_FAILURES`], and undecodable records),
+    /// as failures.
+    pub fn failures(&self) -> Failures {
+        let mut f = Failures::default();
+        for c in KERNEL_FAILURES {
+            f.add(Failure::Kernel(c), self.get(c));
+        }
+        f.add(Failure::MalformedRecords, self.malformed);
+        f
     }
 }
 
@@ -134,15 +119,18 @@ mod tests {
         assert_eq!(all.len(), COUNTERS_LEN as usize + 1);
         assert!(all.contains(&("idle", 9)));
         assert!(all.contains(&("malformed", 3)));
-        let errors: Vec<_> = totals.error_counts().collect();
-        assert!(errors.contains(&("malformed_records", 3)));
-        assert!(
-            errors
-                .iter()
-                .all(|(n, _)| *n != "idle" && *n != "runs" && *n != "sent")
+        totals.kernel[Counter::PyReadErrors as usize] = 2;
+        totals.kernel[Counter::PyNoTstate as usize] = 5;
+        totals.kernel[Counter::Sent as usize] = 7;
+        let errors = totals.failures().named();
+        assert_eq!(
+            errors,
+            [
+                ("malformed_records".to_string(), 3),
+                ("py_read_errors".to_string(), 2)
+            ],
+            "only the counters that mean loss or error, only when not 0"
         );
-        assert!(errors.iter().any(|(n, _)| *n == "py_read_errors"));
-        assert!(errors.iter().all(|(n, _)| *n != "py_no_tstate"));
         let python: Vec<_> = totals.python().map(|(n, _)| n).collect();
         assert_eq!(python.len(), 9);
         assert!(python.iter().all(|n| n.starts_with("py_")));

@@ -497,6 +497,10 @@ fn kernel_mode_samples_use_task_regs_and_kernel_stacks() {
             "user-mode samples have no kernel stack"
         );
     }
+    // Collisions in `KSTACKS` (`-EEXIST`) are a counted loss, bounded by the 90 % above: an
+    // emulated kernel's syscalls and page faults give hundreds of distinct kernel stacks, and
+    // with 16 Ki buckets some share one (3 of ~400 on 5.10 under TCG). Any other failure is
+    // a bug.
     assert_eq!(totals.get(Counter::KernelStackErrors), 0);
     assert_eq!(totals.lost_samples(), 0);
 }

@@ -12,7 +12,7 @@
 //! zeros, as the kernel maps them.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Component, Path, PathBuf};
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use super::CoreFile;
+use crate::lru::Lru;
 use crate::python::memory::{MAX_READ, MemError, PAGE, ReadMemory};
 
 /// Pages kept (64 MiB).
@@ -31,7 +32,7 @@ const MAX_OPEN_FILES: usize = 4096;
 #[derive(Debug)]
 pub struct MappedFiles {
     root: PathBuf,
-    open: Mutex<HashMap<String, Option<Arc<File>>>>,
+    open: Mutex<Lru<String, Option<Arc<File>>>>,
     missing: Mutex<BTreeSet<String>>,
 }
 
@@ -39,7 +40,7 @@ impl MappedFiles {
     pub fn new(root: &Path) -> MappedFiles {
         MappedFiles {
             root: root.to_owned(),
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(Lru::new(MAX_OPEN_FILES)),
             missing: Mutex::new(BTreeSet::new()),
         }
     }
@@ -89,9 +90,6 @@ impl MappedFiles {
             missing.insert(path.to_owned());
         }
         if let Ok(mut open) = self.open.lock() {
-            if open.len() >= MAX_OPEN_FILES {
-                open.clear();
-            }
             open.insert(path.to_owned(), file.clone());
         }
         file
@@ -120,7 +118,7 @@ fn expected_on_disk(path: &str) -> bool {
 pub struct CoreMemory {
     core: Arc<CoreFile>,
     files: Arc<MappedFiles>,
-    cache: RefCell<HashMap<u64, Option<Box<[u8]>>>>,
+    cache: RefCell<Lru<u64, Option<Box<[u8]>>>>,
 }
 
 impl CoreMemory {
@@ -128,7 +126,7 @@ impl CoreMemory {
         CoreMemory {
             core,
             files,
-            cache: RefCell::new(HashMap::new()),
+            cache: RefCell::new(Lru::new(MAX_CACHED_PAGES)),
         }
     }
 
@@ -181,15 +179,11 @@ impl ReadMemory for CoreMemory {
         while cur < end {
             let page_addr = cur & !(PAGE as u64 - 1);
             let chunk_end = end.min(page_addr.saturating_add(PAGE as u64));
-            if !self.cache.borrow().contains_key(&page_addr) {
+            if !self.cache.borrow().contains(&page_addr) {
                 let page = self.fetch(page_addr);
-                let mut cache = self.cache.borrow_mut();
-                if cache.len() >= MAX_CACHED_PAGES {
-                    cache.clear();
-                }
-                cache.insert(page_addr, page);
+                self.cache.borrow_mut().insert(page_addr, page);
             }
-            let cache = self.cache.borrow();
+            let mut cache = self.cache.borrow_mut();
             let Some(Some(page)) = cache.get(&page_addr) else {
                 return Err(fault);
             };

@@ -290,7 +290,7 @@ impl Write for Counting {
 /// Input: the file.
 pub fn saved(data: &[u8]) {
     use crate::output::Format;
-    let Ok(loaded) = crate::saved::load_from(data) else {
+    let Ok(loaded) = crate::saved::reader::load_from_with(data, true) else {
         return;
     };
     let p = &loaded.profile;
@@ -302,15 +302,13 @@ pub fn saved(data: &[u8]) {
         3 => Format::Pprof.render(p, &mut out),
         4 => Format::Pyebpf.render(p, &mut out),
         5 => crate::report::script::render(p, &mut out),
-        _ => crate::report::render(
-            p,
-            &crate::report::ReportOptions {
-                children: true,
-                call_graph: Some("caller".into()),
-                ..crate::report::ReportOptions::default()
-            },
-            &mut out,
-        ),
+        _ => crate::report::ReportConfig::new(&crate::report::ReportOptions {
+            children: true,
+            call_graph: Some("caller".into()),
+            ..crate::report::ReportOptions::default()
+        })
+        .map_err(|e| io::Error::other(e.0))
+        .and_then(|cfg| crate::report::render(p, &cfg, &mut out)),
     };
     // Generous: text per byte of file as the loader allows it, the fixed allowance, and the
     // flame graph's SVG markup around each frame.

@@ -8,7 +8,9 @@
 //! symbol jumps into ([`ehframe`]). Results are cached per file identity (device, inode,
 //! build-id), so each build is read once per run (style rule 7).
 //! Input: an attached interpreter's [`Detected`] file. Output: [`FileEvalRanges`] (file
-//! addresses), turned into absolute [`EvalRanges`] per process with its load bias.
+//! addresses), turned into absolute [`EvalRanges`] per process with its load bias, which
+//! [`EvalLoops`] keeps for the merge (the one place that asks for them, when it first merges
+//! a sample of the process).
 //! Constraints: files are untrusted: tables are bounded ([`MAX_TABLE`]); no panics. Why the
 //! pieces matter: Debian's 3.14/3.15 run their bytecode handlers in a `.cold` part 1.4 MB below
 //! the hot symbol, and only the debug file names it (docs/cpython-layouts.md §9).
@@ -255,6 +257,64 @@ pub fn debug_file_paths(root: &Path, build_id: &[u8]) -> Vec<PathBuf> {
     });
     let rel = format!("usr/lib/debug/.build-id/{first:02x}/{hex}.debug");
     vec![root.join(&rel), Path::new("/").join(rel)]
+}
+
+/// Most processes whose ranges [`EvalLoops`] keeps.
+const MAX_PROCESSES: usize = 4096;
+
+/// What may be wrong with a process's eval-loop ranges, reported once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalRangeIssue {
+    /// None were found: the merge cannot place that process's Python frames.
+    Missing,
+    /// Local pieces may be missing (a stripped file without its debug file).
+    Incomplete,
+}
+
+/// The eval-loop ranges of the processes of a run, as the merge asks for them: found the first
+/// time a process's sample is merged (the file's pieces are read once per build, see
+/// [`file_eval_ranges`]), kept per process, forgotten when it execs or exits.
+pub struct EvalLoops {
+    by_pid: Lru<u32, Option<Arc<EvalRanges>>>,
+}
+
+impl Default for EvalLoops {
+    fn default() -> Self {
+        EvalLoops {
+            by_pid: Lru::new(MAX_PROCESSES),
+        }
+    }
+}
+
+impl EvalLoops {
+    /// The ranges of process `pid`, whose interpreter file is `interp`; the first time, also
+    /// what is wrong with them.
+    pub fn get(
+        &mut self,
+        pid: u32,
+        interp: &Detected,
+    ) -> (Option<Arc<EvalRanges>>, Option<EvalRangeIssue>) {
+        if let Some(r) = self.by_pid.get(&pid) {
+            return (r.clone(), None);
+        }
+        let (ranges, issue) = match file_eval_ranges(pid, interp) {
+            Ok(f) => (
+                Some(Arc::new(EvalRanges::new(&f, interp.bias))),
+                f.incomplete.then_some(EvalRangeIssue::Incomplete),
+            ),
+            Err(e) => {
+                tracing::debug!("pid {pid}: no eval-loop ranges: {e}");
+                (None, Some(EvalRangeIssue::Missing))
+            }
+        };
+        self.by_pid.insert(pid, ranges.clone());
+        (ranges, issue)
+    }
+
+    /// Forgets `pid` (it exec'd or exited).
+    pub fn forget(&mut self, pid: u32) {
+        self.by_pid.remove(&pid);
+    }
 }
 
 type Cache = Mutex<Lru<FileId, Arc<FileEvalRanges>>>;

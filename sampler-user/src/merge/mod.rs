@@ -1,7 +1,8 @@
 //! merge stage: one mixed stack from a native stack and the Python frames captured at the same
 //! instant (issue 4, `record --native`).
 //!
-//! Owns: the merge rule and the eval-loop address ranges it needs ([`evalrange`]).
+//! Owns: the merge rule and the eval-loop address ranges it needs ([`evalrange`]: found per
+//! build, kept per process by [`EvalLoops`]).
 //! Input: the native frames (innermost first) with their role — eval-loop frame or not — and
 //! the captured Python frames (innermost first) with the entry frames kept as delimiters.
 //! Output: the mixed stack, root first, and a [`MergeOutcome`].
@@ -20,7 +21,7 @@
 pub mod ehframe;
 pub mod evalrange;
 
-pub use evalrange::{EvalRange, EvalRanges, FileEvalRanges};
+pub use evalrange::{EvalLoops, EvalRange, EvalRangeIssue, EvalRanges, FileEvalRanges};
 
 /// One captured Python frame, innermost first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,7 +33,7 @@ mod tests {
             total += count.parse::<u64>().unwrap();
             assert!(!stack.is_empty());
         }
-        assert_eq!(total, p.samples().len() as u64);
+        assert_eq!(total, p.total_weight());
         assert!(text.contains("app (10);main;hot 3"));
         assert!(text.contains("app (10);main;vfs_read_[k] 1"));
         assert!(text.contains("py (20);f<é:> (/x/y.py:3) 2"), "{text}");

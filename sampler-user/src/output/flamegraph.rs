@@ -159,7 +159,7 @@ pub fn kind_color(kind: FrameKind, label: &str) -> Color {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{Frame, GilState, Sample};
+    use crate::profile::{Frame, GilState, NamedSample};
 
     #[test]
     fn svg_contains_frames() {
@@ -189,7 +189,7 @@ mod tests {
         }
         let stack = p.intern_stack(&ids);
         for _ in 0..n {
-            p.add_sample(Sample {
+            p.add_sample(NamedSample {
                 stack,
                 time_ns: 0,
                 pid: 1,

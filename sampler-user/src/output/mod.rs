@@ -128,7 +128,7 @@ impl Format {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::profile::{Frame, FrameKind, Profile, RunMeta, Sample};
+    use crate::profile::{Frame, FrameKind, NamedSample, Profile, RunMeta};
 
     /// (comm, pid, frames, samples) of the demo profile.
     type DemoStack<'a> = (&'a str, u32, &'a [(FrameKind, &'a str)], u32);
@@ -139,6 +139,7 @@ pub(crate) mod tests {
             rate_hz: 99,
             ..RunMeta::default()
         });
+        p.keep_timeline();
         let stacks: [DemoStack<'_>; 3] = [
             (
                 "app",
@@ -169,7 +170,7 @@ pub(crate) mod tests {
             let stack = p.intern_stack(&ids);
             for _ in 0..n {
                 t += 10_000_000;
-                p.add_sample(Sample {
+                p.add_sample(NamedSample {
                     stack,
                     time_ns: t,
                     pid,

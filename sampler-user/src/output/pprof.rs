@@ -314,16 +314,26 @@ pub fn build(profile: &Profile) -> proto::Profile {
     out.comment = comments(profile).iter().map(|c| strings.get(c)).collect();
 
     let mut tables = Tables::default();
-    // Aggregate samples per (stack, pid, tid, comm, thread name), in first-seen order.
+    // The profile's counts per (stack, pid, tid, comm, thread name, state), in first-seen
+    // order (its keys also tell the GIL state apart, which pprof does not show).
     let mut keys: HashMap<SampleKey<'_>, usize> = HashMap::new();
     let mut counts: Vec<(SampleKey<'_>, i64)> = Vec::new();
-    for s in profile.samples() {
-        let key = (s.stack, s.pid, s.tid, &*s.comm, &*s.thread_name, s.state);
+    for (k, c) in profile.counts() {
+        let key = (
+            k.stack,
+            k.pid,
+            k.tid,
+            &**profile.comm(k),
+            &**profile.thread(k),
+            k.state,
+        );
         let i = *keys.entry(key).or_insert_with(|| {
             counts.push((key, 0));
             counts.len() - 1
         });
-        counts[i].1 += i64::from(s.weight);
+        counts[i].1 = counts[i]
+            .1
+            .saturating_add(i64::try_from(c.weight).unwrap_or(i64::MAX));
     }
     let state_k = strings.get("state");
     let (pid_k, tid_k, comm_k, thread_k) = (
@@ -400,7 +410,7 @@ fn comments(profile: &Profile) -> Vec<String> {
         m.cpus,
         m.lost_samples
     ));
-    for (kind, n) in &m.errors {
+    for (kind, n) in m.errors.named() {
         c.push(format!("errors: {kind}: {n}"));
     }
     c
@@ -513,7 +523,7 @@ mod tests {
 
     use super::*;
     use crate::output::tests::demo_profile;
-    use crate::profile::{GilState, RunMeta, Sample};
+    use crate::profile::{GilState, NamedSample, RunMeta};
 
     fn render(profile: &Profile) -> Vec<u8> {
         let mut buf = Vec::new();
@@ -659,7 +669,7 @@ mod tests {
         assert_eq!(p.period, 1_000_000_000 / 99);
         // Values.
         let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
-        assert_eq!(total, i64::try_from(profile.samples().len()).unwrap());
+        assert_eq!(total, i64::try_from(profile.total_weight()).unwrap());
         for s in &p.sample {
             assert_eq!(s.value[1], s.value[0] * p.period, "{s:?}");
         }
@@ -721,13 +731,14 @@ mod tests {
         let mut profile = demo_profile();
         // Two more samples of process 20's stack, from another thread.
         let stack = profile
-            .samples()
+            .counts()
             .iter()
-            .find(|s| s.pid == 20)
+            .find(|(k, _)| k.pid == 20)
             .unwrap()
+            .0
             .stack;
         for _ in 0..2 {
-            profile.add_sample(Sample {
+            profile.add_sample(NamedSample {
                 stack,
                 time_ns: 1,
                 pid: 20,

@@ -1,16 +1,20 @@
-//! speedscope JSON: one "sampled" profile per process, in sample-time order, frames shared.
+//! speedscope JSON: one "sampled" profile per process, frames shared, rendered from the
+//! profile's counts: one sample per distinct stack of the process, weighted by its time
+//! (samples × the sampling period), in the order the stacks were first seen — the form py-spy
+//! writes. speedscope's "Left Heavy" and "Sandwich" views show exactly what the flame graph
+//! shows; its "Time Order" view is the first-seen order, not a timeline (pyebpf keeps no
+//! per-sample timeline in memory: the saved `.pyebpf` file has it, `pyebpf script` prints it).
 //! Schema: <https://www.speedscope.app/file-format-schema.json>.
 //!
 //! Streamed: the document is written as it is walked (strings through `serde_json`), never
-//! built as a tree; beyond the profile itself it needs 4 bytes per sample (the per-process
-//! order), so writing 262 k samples costs a few MiB, not the gigabytes a `serde_json::Value`
-//! tree of every sample's stack took.
+//! built as a tree.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use super::Renderer;
-use crate::profile::{FrameKind, Profile};
+use crate::lru::FastMap;
+use crate::profile::{FrameKind, Profile, StackId};
 
 /// speedscope renderer.
 pub struct Speedscope;
@@ -46,41 +50,50 @@ impl Renderer for Speedscope {
             out.write_all(b"}")?;
         }
         out.write_all(b"]},\"profiles\":[")?;
-        // Samples by process, each in time order.
-        let samples = profile.samples();
-        let mut by_pid: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for (i, s) in samples.iter().enumerate() {
-            by_pid.entry(s.pid).or_default().push(i as u32);
+        // The counts by process: one weighted sample per distinct stack (of any thread), in
+        // first-seen order.
+        let mut by_pid: BTreeMap<u32, Vec<(StackId, u64)>> = BTreeMap::new();
+        let mut at: FastMap<(u32, StackId), usize> = FastMap::default();
+        for (k, c) in profile.counts() {
+            let stacks = by_pid.entry(k.pid).or_default();
+            let i = *at.entry((k.pid, k.stack)).or_insert_with(|| {
+                stacks.push((k.stack, 0));
+                stacks.len() - 1
+            });
+            stacks[i].1 += c.weight;
         }
         let period_ns = 1_000_000_000 / profile.meta.rate_hz.max(1);
-        let root_of = |i: u32| {
-            let stack = profile.stack(samples[i as usize].stack);
+        let root_of = |stack: StackId| {
+            let stack = profile.stack(stack);
             match stack.split_first() {
                 Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => (Some(*r), rest),
                 _ => (None, stack),
             }
         };
-        for (n, (pid, mut idx)) in by_pid.into_iter().enumerate() {
-            idx.sort_by_key(|&i| samples[i as usize].time_ns);
-            let first = &samples[idx[0] as usize];
-            let start = first.time_ns;
-            let end = samples[idx[idx.len() - 1] as usize].time_ns + period_ns;
-            // The last sample's root frame names the profile (`comm (pid)`).
-            let name = idx.iter().rev().find_map(|&i| root_of(i).0).map_or_else(
-                || format!("{} ({pid})", first.comm),
-                |r| profile.frame(r).name.to_string(),
-            );
+        for (n, (pid, stacks)) in by_pid.into_iter().enumerate() {
+            let total: u64 = stacks
+                .iter()
+                .map(|(_, w)| w.saturating_mul(period_ns))
+                .sum();
+            // The last stack's root frame names the profile (`comm (pid)`).
+            let name = stacks
+                .iter()
+                .rev()
+                .find_map(|(s, _)| root_of(*s).0)
+                .map_or_else(
+                    || format!("pid {pid}"),
+                    |r| profile.frame(r).name.to_string(),
+                );
             out.write_all(if n == 0 { b"{" } else { b",{" })?;
             out.write_all(br#""type":"sampled","name":"#)?;
             string(out, &name)?;
             write!(
                 out,
-                r#","unit":"nanoseconds","startValue":0,"endValue":{},"samples":["#,
-                end - start
+                r#","unit":"nanoseconds","startValue":0,"endValue":{total},"samples":["#
             )?;
-            for (k, &i) in idx.iter().enumerate() {
+            for (k, (stack, _)) in stacks.iter().enumerate() {
                 out.write_all(if k == 0 { b"[" } else { b",[" })?;
-                for (j, f) in root_of(i).1.iter().enumerate() {
+                for (j, f) in root_of(*stack).1.iter().enumerate() {
                     if j > 0 {
                         out.write_all(b",")?;
                     }
@@ -89,13 +102,11 @@ impl Renderer for Speedscope {
                 out.write_all(b"]")?;
             }
             out.write_all(br#"],"weights":["#)?;
-            for (k, &i) in idx.iter().enumerate() {
+            for (k, (_, weight)) in stacks.iter().enumerate() {
                 if k > 0 {
                     out.write_all(b",")?;
                 }
-                // An off-CPU sample (`--idle`) stands for `weight` periods.
-                let w = period_ns.saturating_mul(u64::from(samples[i as usize].weight));
-                write!(out, "{w}")?;
+                write!(out, "{}", period_ns.saturating_mul(*weight))?;
             }
             out.write_all(b"]}")?;
         }
@@ -127,18 +138,29 @@ mod tests {
         let profiles = v["profiles"].as_array().unwrap();
         assert_eq!(profiles.len(), 2);
         let mut total = 0;
+        let period = 1_000_000_000 / p.meta.rate_hz;
         for prof in profiles {
             assert_eq!(prof["type"], "sampled");
             let samples = prof["samples"].as_array().unwrap();
-            assert_eq!(samples.len(), prof["weights"].as_array().unwrap().len());
+            let weights = prof["weights"].as_array().unwrap();
+            assert_eq!(samples.len(), weights.len());
             for s in samples {
                 for f in s.as_array().unwrap() {
                     assert!((f.as_u64().unwrap() as usize) < nframes);
                 }
             }
-            total += samples.len();
+            let sum: u64 = weights.iter().map(|w| w.as_u64().unwrap()).sum();
+            assert_eq!(prof["endValue"].as_u64().unwrap(), sum);
+            total += sum;
         }
-        assert_eq!(total, p.samples().len());
+        assert_eq!(
+            total,
+            p.total_weight() * period,
+            "every sample's time, once"
+        );
         assert_eq!(profiles[0]["name"], "app (10)");
+        // One entry per distinct stack: app has two, py one.
+        assert_eq!(profiles[0]["samples"].as_array().unwrap().len(), 2);
+        assert_eq!(profiles[1]["samples"].as_array().unwrap().len(), 1);
     }
 }

@@ -82,6 +82,19 @@ pub enum ProcsErrorKind {
 }
 
 impl ProcsErrorKind {
+    /// Every kind.
+    pub const ALL: [ProcsErrorKind; 9] = [
+        Self::Gone,
+        Self::Stat,
+        Self::Maps,
+        Self::MapsLine,
+        Self::Exe,
+        Self::Cmdline,
+        Self::Status,
+        Self::Cgroup,
+        Self::RefreshRateLimited,
+    ];
+
     /// Short stable name for summaries.
     pub const fn name(self) -> &'static str {
         match self {
@@ -508,12 +521,12 @@ impl ProcessRegistry {
         &self.errors
     }
 
-    /// `(kind name, count)` of counted failures, sorted by kind.
-    pub fn error_counts(&self) -> Vec<(&'static str, u64)> {
+    /// `(kind, count)` of counted failures, sorted by kind.
+    pub fn error_counts(&self) -> Vec<(ProcsErrorKind, u64)> {
         self.errors
             .to_vec()
             .into_iter()
-            .map(|(k, n, _)| (k.name(), n))
+            .map(|(k, n, _)| (k, n))
             .collect()
     }
 

@@ -95,7 +95,7 @@ fn exit_keeps_then_reaps_and_missing_pids_are_counted() {
     assert!(reg.get_or_load(nope).is_none());
     assert_eq!(reg.errors().get(ProcsErrorKind::Gone), 2);
     assert!(
-        reg.error_counts().contains(&("gone", 2)),
+        reg.error_counts().contains(&(ProcsErrorKind::Gone, 2)),
         "{:?}",
         reg.error_counts()
     );
@@ -180,7 +180,7 @@ fn kernel_threads_are_not_exe_errors() {
     let exe_errors: u64 = reg
         .error_counts()
         .into_iter()
-        .filter(|(k, _)| *k == "exe")
+        .filter(|(k, _)| *k == ProcsErrorKind::Exe)
         .map(|(_, n)| n)
         .sum();
     assert_eq!(

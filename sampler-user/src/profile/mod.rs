@@ -1,20 +1,31 @@
-//! The profile model: interned frames and stacks plus per-sample metadata.
+//! The profile model: interned frames, stacks and names, and the samples aggregated by who and
+//! where they were ([`SampleKey`]), with their counts and weights.
 //!
-//! Owns: [`Profile`]. Input: fully resolved stacks (root first) and the sample's metadata from
-//! `record`. Output: read-only views for every output format (`output`), and later `report`,
-//! pprof and the saved file — all render from this one model, so their counts agree.
+//! Owns: [`Profile`] (in [`model`]) and the types every stage and output shares: [`Frame`],
+//! [`FrameId`], [`StackId`], [`NameId`], [`SampleKey`], [`Sample`], [`GilState`],
+//! [`ThreadState`], [`RunMeta`]. Input: fully resolved stacks (root first) and each sample's
+//! key from `record` (or from a saved file). Output: read-only views for every output format
+//! (`output`), `report`, `top` and the saved file — all render from this one model, so their
+//! counts agree.
 //!
-//! Frames and stacks are interned: a sample costs one stack id plus a few integers. Interning
-//! happens once per unique stack; names are never recomputed per sample.
+//! Memory follows unique things, not samples: frames, stacks and names are interned once; a
+//! sample adds to the counts of its key (stack, process, thread, names, GIL state, thread
+//! state), so a long run costs what its distinct stacks and threads cost. The per-sample
+//! timeline (time and CPU of each sample) is not kept: `record` streams it to a `.pyebpf`
+//! output as it goes, and a saved file's loader keeps it only when asked ([`Profile::timeline`],
+//! for `script` and for writing the saved format again).
 //!
 //! Weights (`record --idle`): an off-CPU sample stands for as many sampling instants as fell in
 //! its interval ([`Sample::weight`]); every count of every output is a sum of weights (a
 //! CPU-clock sample weighs 1), so shares stay shares of wall-clock time.
 
-use std::collections::BTreeMap;
+mod model;
+
 use std::sync::Arc;
 
-use crate::lru::{FastHasher, FastMap, FastSet};
+use crate::failure::Failures;
+
+pub use model::{Counts, PartsError, Profile};
 
 /// What a frame stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -113,6 +124,10 @@ pub struct FrameId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackId(pub u32);
 
+/// Index of a process or thread name in [`Profile::names`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NameId(pub u32);
+
 /// Whether the sampled thread held the GIL (from the words the eBPF program read with the
 /// sample's Python frames).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -196,29 +211,53 @@ impl ThreadState {
     }
 }
 
-/// One sample: its stack and who/where/when.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sample {
+/// Who and where a sample was: what the profile counts samples under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleKey {
     /// Interned stack, root first.
     pub stack: StackId,
-    /// Kernel monotonic time of the sample, in ns.
-    pub time_ns: u64,
     /// Process id (host view).
     pub pid: u32,
     /// Thread id (host view).
     pub tid: u32,
-    /// CPU.
-    pub cpu: u32,
     /// Process name.
-    pub comm: Arc<str>,
+    pub comm: NameId,
     /// Thread name (the OS thread name, or the Python `threading` name where known).
-    pub thread_name: Arc<str>,
+    pub thread: NameId,
     /// GIL state of the thread at the sample.
     pub gil: GilState,
     /// Where the thread was (on a CPU, or off it and why).
     pub state: ThreadState,
+}
+
+/// One sample: its key and when and where it was taken (an element of the timeline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// What it is counted under.
+    pub key: SampleKey,
+    /// Kernel monotonic time of the sample, in ns.
+    pub time_ns: u64,
+    /// CPU.
+    pub cpu: u32,
     /// Sampling instants this sample stands for: 1 for a CPU-clock sample, the number that
     /// fell in its interval for an off-CPU one.
+    pub weight: u32,
+}
+
+/// A sample with its names spelled out, for tests that build profiles by hand
+/// ([`Profile::add_sample`]).
+#[cfg(test)]
+#[derive(Clone, Debug)]
+pub(crate) struct NamedSample {
+    pub stack: StackId,
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub comm: Arc<str>,
+    pub thread_name: Arc<str>,
+    pub gil: GilState,
+    pub state: ThreadState,
     pub weight: u32,
 }
 
@@ -241,239 +280,10 @@ pub struct RunMeta {
     pub command_line: Vec<String>,
     /// Samples lost in the kernel (ring buffer full).
     pub lost_samples: u64,
-    /// Errors by kind (counted, never silent).
-    pub errors: BTreeMap<String, u64>,
+    /// Failures by kind (counted, never silent).
+    pub errors: Failures,
     /// A wall-clock profile (`record --idle`): target threads were sampled off a CPU too.
     pub idle: bool,
-}
-
-/// Interned stacks with per-sample metadata.
-#[derive(Debug, Default)]
-pub struct Profile {
-    frames: Vec<Frame>,
-    frame_ids: FastMap<Frame, FrameId>,
-    stacks: Vec<Box<[FrameId]>>,
-    stack_ids: FastMap<Box<[FrameId]>, StackId>,
-    samples: Vec<Sample>,
-    /// Processes with samples (kept up to date: no scan of the samples per tick).
-    pids: FastSet<u32>,
-    /// Sum of the samples' weights.
-    weight: u64,
-    /// Run metadata.
-    pub meta: RunMeta,
-    /// Which file names the outputs show (a view setting, not saved).
-    pub file_names: FileNames,
-}
-
-impl Profile {
-    /// An empty profile.
-    pub fn new(meta: RunMeta) -> Self {
-        Profile {
-            meta,
-            ..Profile::default()
-        }
-    }
-
-    /// Interns a frame.
-    pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
-        if let Some(id) = self.frame_ids.get(&frame) {
-            return *id;
-        }
-        let id = FrameId(u32::try_from(self.frames.len()).expect("more than 4G unique frames"));
-        self.frames.push(frame.clone());
-        self.frame_ids.insert(frame, id);
-        id
-    }
-
-    /// Interns a stack given root first.
-    pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
-        if let Some(id) = self.stack_ids.get(frames) {
-            return *id;
-        }
-        let id = StackId(u32::try_from(self.stacks.len()).expect("more than 4G unique stacks"));
-        let boxed: Box<[FrameId]> = frames.into();
-        self.stacks.push(boxed.clone());
-        self.stack_ids.insert(boxed, id);
-        id
-    }
-
-    /// Adds a sample.
-    pub fn add_sample(&mut self, sample: Sample) {
-        self.pids.insert(sample.pid);
-        self.weight += u64::from(sample.weight);
-        self.samples.push(sample);
-    }
-
-    /// The samples' total weight (the number of samples for a run without `--idle`); what
-    /// every share is a share of.
-    pub fn total_weight(&self) -> u64 {
-        self.weight
-    }
-
-    /// All samples in arrival order.
-    pub fn samples(&self) -> &[Sample] {
-        &self.samples
-    }
-
-    /// Takes the samples added so far, keeping the interned frames and stacks (their ids stay
-    /// valid): a live view (`top`) consumes samples as they come and stays bounded in memory.
-    pub fn drain_samples(&mut self) -> Vec<Sample> {
-        self.weight = 0;
-        std::mem::take(&mut self.samples)
-    }
-
-    /// The frame behind an id.
-    pub fn frame(&self, id: FrameId) -> &Frame {
-        &self.frames[id.0 as usize]
-    }
-
-    /// All interned frames, indexable by `FrameId.0`.
-    pub fn frames(&self) -> &[Frame] {
-        &self.frames
-    }
-
-    /// The frames of a stack, root first.
-    pub fn stack(&self, id: StackId) -> &[FrameId] {
-        &self.stacks[id.0 as usize]
-    }
-
-    /// All interned stacks (root first), indexable by `StackId.0`.
-    pub fn stacks(&self) -> &[Box<[FrameId]>] {
-        &self.stacks
-    }
-
-    /// A profile from its parts, as [`Profile::frames`], [`Profile::stacks`] and
-    /// [`Profile::samples`] return them (the saved file), keeping every id: frame `i` gets
-    /// `FrameId(i)`, stack `i` gets `StackId(i)`. Every index is checked, and frames and stacks
-    /// must be unique (as interning keeps them).
-    pub fn from_parts(
-        meta: RunMeta,
-        frames: Vec<Frame>,
-        stacks: Vec<Box<[FrameId]>>,
-        samples: Vec<Sample>,
-    ) -> Result<Profile, PartsError> {
-        if u32::try_from(frames.len()).is_err() || u32::try_from(stacks.len()).is_err() {
-            return Err(PartsError::TooMany);
-        }
-        let mut frame_ids = FastMap::with_capacity_and_hasher(frames.len(), FastHasher::default());
-        for (i, f) in frames.iter().enumerate() {
-            if frame_ids.insert(f.clone(), FrameId(i as u32)).is_some() {
-                return Err(PartsError::DuplicateFrame { frame: i });
-            }
-        }
-        let mut stack_ids = FastMap::with_capacity_and_hasher(stacks.len(), FastHasher::default());
-        for (i, s) in stacks.iter().enumerate() {
-            if let Some(f) = s.iter().find(|f| f.0 as usize >= frames.len()) {
-                return Err(PartsError::FrameOutOfRange {
-                    stack: i,
-                    frame: f.0,
-                    frames: frames.len(),
-                });
-            }
-            if stack_ids.insert(s.clone(), StackId(i as u32)).is_some() {
-                return Err(PartsError::DuplicateStack { stack: i });
-            }
-        }
-        if let Some((i, s)) = samples
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.stack.0 as usize >= stacks.len())
-        {
-            return Err(PartsError::StackOutOfRange {
-                sample: i,
-                stack: s.stack.0,
-                stacks: stacks.len(),
-            });
-        }
-        let pids = samples.iter().map(|s| s.pid).collect();
-        let weight = samples.iter().map(|s| u64::from(s.weight)).sum();
-        Ok(Profile {
-            frames,
-            frame_ids,
-            stacks,
-            stack_ids,
-            samples,
-            pids,
-            weight,
-            meta,
-            file_names: FileNames::default(),
-        })
-    }
-
-    /// Sample weight per stack, in first-seen order of the stacks.
-    pub fn stack_counts(&self) -> Vec<(StackId, u64)> {
-        let mut counts = vec![0u64; self.stacks.len()];
-        for s in &self.samples {
-            counts[s.stack.0 as usize] += u64::from(s.weight);
-        }
-        counts
-            .into_iter()
-            .enumerate()
-            .filter(|(_, c)| *c > 0)
-            .map(|(i, c)| (StackId(i as u32), c))
-            .collect()
-    }
-
-    /// Number of distinct processes with samples.
-    pub fn process_count(&self) -> usize {
-        self.pids.len()
-    }
-
-    /// Folded-stack lines (`a;b;c count`), sorted, as FlameGraph's stackcollapse tools print.
-    /// `;` inside a label is replaced by `:` and line breaks by spaces, so every line parses.
-    pub fn folded_lines(&self) -> Vec<String> {
-        let mut agg: BTreeMap<String, u64> = BTreeMap::new();
-        for (sid, count) in self.stack_counts() {
-            let key = self
-                .stack(sid)
-                .iter()
-                .map(|f| sanitize_label(&self.frame(*f).label_as(self.file_names)))
-                .collect::<Vec<_>>()
-                .join(";");
-            *agg.entry(key).or_default() += count;
-        }
-        agg.into_iter().map(|(k, c)| format!("{k} {c}")).collect()
-    }
-}
-
-/// Why [`Profile::from_parts`] refused its parts. Displays as one line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PartsError {
-    /// More frames or stacks than a 32-bit id can name.
-    #[error("more than 2^32 frames or stacks")]
-    TooMany,
-    /// A frame equal to an earlier one.
-    #[error("frame {frame} is a duplicate of an earlier frame")]
-    DuplicateFrame {
-        /// Its index.
-        frame: usize,
-    },
-    /// A stack equal to an earlier one.
-    #[error("stack {stack} is a duplicate of an earlier stack")]
-    DuplicateStack {
-        /// Its index.
-        stack: usize,
-    },
-    /// A stack names a frame that does not exist.
-    #[error("stack {stack} refers to frame {frame}, but there are {frames} frames")]
-    FrameOutOfRange {
-        /// The stack's index.
-        stack: usize,
-        /// The frame id it names.
-        frame: u32,
-        /// Number of frames.
-        frames: usize,
-    },
-    /// A sample names a stack that does not exist.
-    #[error("sample {sample} refers to stack {stack}, but there are {stacks} stacks")]
-    StackOutOfRange {
-        /// The sample's index.
-        sample: usize,
-        /// The stack id it names.
-        stack: u32,
-        /// Number of stacks.
-        stacks: usize,
-    },
 }
 
 /// Makes a label safe for the folded format (and so for the flame graph built from it): `;`
@@ -494,107 +304,6 @@ pub fn sanitize_label(label: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample(p: &mut Profile, names: &[&str], pid: u32) {
-        let ids: Vec<FrameId> = names
-            .iter()
-            .map(|n| p.intern_frame(Frame::new(FrameKind::Native, *n)))
-            .collect();
-        let stack = p.intern_stack(&ids);
-        p.add_sample(Sample {
-            stack,
-            time_ns: 0,
-            pid,
-            tid: pid,
-            cpu: 0,
-            comm: "x".into(),
-            thread_name: "x".into(),
-            gil: GilState::Unknown,
-            state: ThreadState::OnCpu,
-            weight: 1,
-        });
-    }
-
-    #[test]
-    fn interning_dedups_frames_and_stacks() {
-        let mut p = Profile::default();
-        sample(&mut p, &["a", "b"], 1);
-        sample(&mut p, &["a", "b"], 1);
-        sample(&mut p, &["a", "c"], 2);
-        assert_eq!(p.frames().len(), 3);
-        assert_eq!(p.stack_counts(), vec![(StackId(0), 2), (StackId(1), 1)]);
-        assert_eq!(p.process_count(), 2);
-        assert_eq!(
-            p.folded_lines(),
-            vec!["a;b 2".to_string(), "a;c 1".to_string()]
-        );
-    }
-
-    #[test]
-    fn from_parts_keeps_ids_and_checks_indices() {
-        let mut orig = Profile::default();
-        sample(&mut orig, &["a", "b"], 1);
-        sample(&mut orig, &["a", "c"], 2);
-        let parts = || {
-            (
-                orig.meta.clone(),
-                orig.frames().to_vec(),
-                orig.stacks().to_vec(),
-                orig.samples().to_vec(),
-            )
-        };
-        let (meta, frames, stacks, samples) = parts();
-        let copy = Profile::from_parts(meta, frames, stacks, samples).unwrap();
-        assert_eq!(copy.frames(), orig.frames());
-        assert_eq!(copy.stacks(), orig.stacks());
-        assert_eq!(copy.samples(), orig.samples());
-        assert_eq!(copy.folded_lines(), orig.folded_lines());
-
-        let (meta, mut frames, stacks, samples) = parts();
-        frames[2] = frames[0].clone();
-        assert_eq!(
-            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
-            PartsError::DuplicateFrame { frame: 2 }
-        );
-        let (meta, frames, mut stacks, samples) = parts();
-        stacks[1] = vec![FrameId(0), FrameId(3)].into();
-        assert_eq!(
-            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
-            PartsError::FrameOutOfRange {
-                stack: 1,
-                frame: 3,
-                frames: 3
-            }
-        );
-        let (meta, frames, mut stacks, samples) = parts();
-        stacks[1] = stacks[0].clone();
-        assert_eq!(
-            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
-            PartsError::DuplicateStack { stack: 1 }
-        );
-        let (meta, frames, stacks, mut samples) = parts();
-        samples[1].stack = StackId(2);
-        assert_eq!(
-            Profile::from_parts(meta, frames, stacks, samples).unwrap_err(),
-            PartsError::StackOutOfRange {
-                sample: 1,
-                stack: 2,
-                stacks: 2
-            }
-        );
-    }
-
-    #[test]
-    fn drain_samples_keeps_interned_ids() {
-        let mut p = Profile::default();
-        sample(&mut p, &["a", "b"], 1);
-        let taken = p.drain_samples();
-        assert_eq!(taken.len(), 1);
-        assert!(p.samples().is_empty());
-        sample(&mut p, &["a", "b"], 1);
-        assert_eq!(p.samples()[0].stack, taken[0].stack);
-        assert_eq!(p.frames().len(), 2);
-    }
 
     #[test]
     fn labels_follow_conventions() {

@@ -651,14 +651,20 @@ impl ImageBuilder {
         a
     }
 
-    /// An entry frame (owner 3, `f_executable` = None, tagged where stackrefs exist); ≤ 3.11
-    /// chains have no entry frames: then `previous` itself.
+    /// An entry frame (owner 3, `f_executable` = None, tagged where stackrefs exist; on 3.12
+    /// `f_code` is a code object, as CPython's interpreter trampoline is: checked against a live
+    /// 3.12 by `builder_matches_live_312`); ≤ 3.11 chains have no entry frames: then `previous`
+    /// itself.
     pub fn entry_frame(&mut self, previous: u64) -> u64 {
         if !self.layout.frame.is_shim_owner(3) {
             return previous;
         }
-        let none = self.none | u64::from(self.layout.frame.stackref_tag_mask != 0);
-        self.frame_raw(none, 0, 3, previous, 0)
+        let exec = if (self.layout.version.major, self.layout.version.minor) == (3, 12) {
+            self.code_raw("<interpreter trampoline>", "<shim>", 0, &[], 2, true)
+        } else {
+            self.none | u64::from(self.layout.frame.stackref_tag_mask != 0)
+        };
+        self.frame_raw(exec, 0, 3, previous, 0)
     }
 
     /// A thread state (pushed at the head of the interpreter's list) whose current frame is

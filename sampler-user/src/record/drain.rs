@@ -3,20 +3,24 @@
 //! does not turn into samples lost in the kernel.
 //!
 //! Owns: the [`Collector`] for the duration of the run. Input: ring-buffer records, drained
-//! when the kernel wakes us (per batch: see `Config::wakeup_bytes`) or every [`FLUSH_EVERY`].
-//! Output: one [`Batch`] of [`Drained`] items per wake-up on a bounded channel — one message
-//! (and at most one wake-up of the next stage) per batch, never per sample. Kernel stacks are
-//! looked up here, right when the sample arrives. When more than [`queue_capacity`] samples
-//! wait downstream, new samples are dropped and counted as lost in user space — never
-//! silently. [`Drain::finish`] wakes the thread at once (an eventfd in its poll).
+//! when the kernel wakes us (per batch: see `Config::wakeup_bytes`; a process event wakes us
+//! at once) or every [`FLUSH_EVERY`]. Output: one [`Batch`] of [`Drained`] items per wake-up
+//! into the pipeline's input — one message (and at most one wake-up of the pipeline) per
+//! batch, never per sample. Kernel stacks are looked up here, right when the sample arrives.
+//! When more than [`queue_capacity`] samples wait downstream, new samples are dropped and
+//! counted as lost in user space — never silently. [`Drain::finish`] wakes the thread at once
+//! (the eventfd of [`super::signals::wake_fd`] in its poll); so does a stop signal (its
+//! handler writes the same eventfd), which the thread passes on as [`Input::Wake`]. The
+//! thread's last message is [`Input::DrainEnded`].
 
-use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::{AsRawFd as _, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::pipeline::Input;
 use crate::collect::{CollectError, Collector, CounterTotals, Event, ProgramStats, RawSample};
 
 /// Bytes of queued samples we accept before dropping (and counting) new ones.
@@ -64,11 +68,13 @@ pub struct Drain {
     dropped: Arc<AtomicU64>,
     /// Samples lost in the kernel so far, as last read by the drain thread.
     kernel_lost: Arc<AtomicU64>,
+    /// Process events lost in the kernel so far, as last read.
+    lost_events: Arc<AtomicU64>,
     /// Samples taken before this kernel time (ns, `CLOCK_MONOTONIC` like `bpf_ktime_get_ns`)
     /// are not part of the run: set-up was still in progress.
     start_ns: Arc<AtomicU64>,
     /// Written to wake the thread from its poll.
-    wake: Arc<OwnedFd>,
+    wake: BorrowedFd<'static>,
     handle: JoinHandle<(Collector, Result<(), CollectError>)>,
 }
 
@@ -91,7 +97,7 @@ pub struct Finished {
     pub offcpu_program: Option<ProgramStats>,
 }
 
-/// Starts draining `collector` into a channel of batches; at most `queue_capacity(stack_bytes)`
+/// Starts draining `collector` into `tx` as batches; at most `queue_capacity(stack_bytes)`
 /// samples wait downstream ([`Backlog`]): beyond that, samples are dropped and counted. The
 /// channel itself never blocks the drain (a full ring loses samples in the kernel, where they
 /// are counted too, but a stalled drain would also delay process events).
@@ -101,24 +107,22 @@ pub fn start(
     mut collector: Collector,
     stack_bytes: u32,
     hold: bool,
-) -> (Drain, Receiver<Batch>, Backlog) {
-    let (tx, rx) = channel();
+    tx: Sender<Input>,
+) -> (Drain, Backlog) {
     let backlog = Backlog::default();
-    // SAFETY: eventfd has no preconditions; a non-negative result is a new descriptor we own.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    assert!(efd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-    // SAFETY: `efd` is a fresh descriptor owned by nothing else.
-    let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+    let wake = super::signals::wake_fd();
     let stop = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicU64::new(0));
     let kernel_lost = Arc::new(AtomicU64::new(0));
+    let lost_events = Arc::new(AtomicU64::new(0));
     let start_ns = Arc::new(AtomicU64::new(if hold { u64::MAX } else { 0 }));
     let shared = Shared {
         stop: stop.clone(),
         dropped: dropped.clone(),
         kernel_lost: kernel_lost.clone(),
+        lost_events: lost_events.clone(),
         start_ns: start_ns.clone(),
-        wake: wake.clone(),
+        wake,
         backlog: backlog.clone(),
         capacity: queue_capacity(stack_bytes),
     };
@@ -127,6 +131,7 @@ pub fn start(
         .spawn(move || {
             raise_priority();
             let r = run(&mut collector, &tx, &shared);
+            let _ = tx.send(Input::DrainEnded);
             (collector, r)
         })
         .expect("spawn drain thread");
@@ -135,11 +140,11 @@ pub fn start(
             stop,
             dropped,
             kernel_lost,
+            lost_events,
             start_ns,
             wake,
             handle,
         },
-        rx,
         backlog,
     )
 }
@@ -168,13 +173,21 @@ struct Shared {
     stop: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
     kernel_lost: Arc<AtomicU64>,
+    lost_events: Arc<AtomicU64>,
     start_ns: Arc<AtomicU64>,
-    wake: Arc<OwnedFd>,
+    wake: BorrowedFd<'static>,
     backlog: Backlog,
     capacity: usize,
 }
 
-fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), CollectError> {
+/// Whether the eventfd `fd` was written since it was last read (and resets it).
+fn woken(fd: BorrowedFd<'_>) -> bool {
+    let mut count = [0u8; 8];
+    // SAFETY: reads 8 bytes into a live buffer from our non-blocking eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) == 8 }
+}
+
+fn run(c: &mut Collector, tx: &Sender<Input>, sh: &Shared) -> Result<(), CollectError> {
     let mut events = Vec::new();
     let mut lost_read = Instant::now();
     loop {
@@ -183,6 +196,10 @@ fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), Collect
             if let Ok(totals) = c.counters() {
                 sh.kernel_lost
                     .store(totals.lost_samples(), Ordering::Relaxed);
+                sh.lost_events.store(
+                    totals.get(sampler_common::Counter::LostProcEvents),
+                    Ordering::Relaxed,
+                );
             }
         }
         // One last poll after the stop request drains what is already in the buffer.
@@ -192,7 +209,11 @@ fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), Collect
         } else {
             FLUSH_EVERY
         };
-        c.poll(timeout, Some(sh.wake.as_fd()), |ev| events.push(ev))?;
+        c.poll(timeout, Some(sh.wake), |ev| events.push(ev))?;
+        // A stop signal (not our own finish): tell the pipeline, which decides.
+        if woken(sh.wake) && !sh.stop.load(Ordering::Acquire) && tx.send(Input::Wake).is_err() {
+            return Ok(());
+        }
         let start_ns = sh.start_ns.load(Ordering::Acquire);
         let room = sh
             .capacity
@@ -232,7 +253,7 @@ fn run(c: &mut Collector, tx: &Sender<Batch>, sh: &Shared) -> Result<(), Collect
         }
         if !batch.is_empty() {
             sh.backlog.0.fetch_add(samples, Ordering::Relaxed);
-            if tx.send(batch).is_err() {
+            if tx.send(Input::Batch(batch)).is_err() {
                 return Ok(());
             }
         }
@@ -258,11 +279,12 @@ impl Drain {
         self.start_ns.store(now, Ordering::Release);
     }
 
-    /// Stops the thread after a final drain; returns the collector's counters, the user-space
-    /// drop count and the program's statistics. The collector (and its channel end) is dropped.
+    /// Stops the thread after a final drain (its last messages, then [`Input::DrainEnded`],
+    /// are in the pipeline's input); returns the collector's counters, the user-space drop
+    /// count and the program's statistics. The collector (and its channel end) is dropped.
     pub fn finish(self) -> Result<Finished, CollectError> {
         self.stop.store(true, Ordering::Release);
-        // Wake the poll (the eventfd stays readable: every later poll returns at once).
+        // Wake the poll.
         let one = 1u64.to_ne_bytes();
         // SAFETY: writes 8 bytes from a live buffer to our eventfd.
         let _ = unsafe { libc::write(self.wake_fd(), one.as_ptr().cast(), one.len()) };
@@ -276,18 +298,17 @@ impl Drain {
         })
     }
 
+    /// Whether the kernel lost process events so far (as last read): exits may not come.
+    pub fn lost_proc_events(&self) -> bool {
+        self.lost_events.load(Ordering::Relaxed) > 0
+    }
+
     /// Samples lost so far (in the kernel, as last read, and in user space): for a live view.
     pub fn lost_so_far(&self) -> u64 {
         self.kernel_lost.load(Ordering::Relaxed) + self.dropped.load(Ordering::Relaxed)
     }
 
     fn wake_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd as _;
         self.wake.as_raw_fd()
-    }
-
-    /// Whether the thread has ended (an error, or the channel closed).
-    pub fn is_finished(&self) -> bool {
-        self.handle.is_finished()
     }
 }

@@ -19,7 +19,7 @@ use sampler_common::{OffCpuInfo, offcpu_flags};
 use crate::collect::{OffCpuMap, Seed};
 use crate::profile::ThreadState;
 
-use super::pyproc::{PyProc, SeedStack};
+use super::python::{PyProc, SeedStack};
 
 /// `TASK_UNINTERRUPTIBLE` in the task state word (`include/linux/sched.h`).
 const TASK_UNINTERRUPTIBLE: u32 = 0x0002;

@@ -1,25 +1,24 @@
 //! The `record` command: drives a sampling [`Session`] and writes the profile file.
 //!
-//! Owns: the progress line, streaming `.pyebpf` outputs while sampling (a chunk about every
-//! second, so a killed run keeps its samples) and writing the other outputs at the end, one per
-//! `-o` (each written atomically, see [`crate::output::OutputFile`]); the sampling session itself (collector, threads, stop conditions, signals,
-//! summary) lives in [`session`], which `top` drives too. Input: a validated [`RecordConfig`].
-//! Output: the profile files and a [`RecordSummary`].
+//! Owns: the progress line, streaming `.pyebpf` outputs while sampling (the timeline of the
+//! samples, a chunk about every second, so a killed run keeps its samples; memory holds only a
+//! second of it) and writing the other outputs at the end from the profile's counts, one per
+//! `-o` (each written atomically, see [`crate::output::OutputFile`]); the sampling session
+//! itself (collector, threads, stop conditions, signals, summary) lives in [`session`], which
+//! `top` drives too. Input: a validated [`RecordConfig`]. Output: the profile files and a
+//! [`RecordSummary`].
 //!
-//! Threads: `drain` empties the ring buffer; `pystage` tracks the Python processes (and the
-//! kernel's `PY_PROCS`) and resolves each sample's captured Python frames as soon as it
-//! arrives; the session's thread builds the stacks ([`stack`]: native unwinding, symbolization
-//! and the `--native` merge, everything expensive cached per file or per unique frame).
-//! Items flow drain → pystage → stack builder in order on bounded channels.
+//! Threads: `drain` empties the ring buffer into batches; the session's thread runs the
+//! [`pipeline`]: the Python stage ([`python`]: which processes are Python, their frames
+//! resolved as each sample arrives; its attaches run on two worker threads) and the stack
+//! builder ([`stack`]: native unwinding, symbolization and the `--native` merge, everything
+//! expensive cached per file or per unique frame), counting each sample into the profile.
+//! Items flow drain → pipeline in order, one message per batch.
 
 mod drain;
 mod idle;
-mod pyattach;
-mod pyproc;
-#[cfg(test)]
-mod pyproc_tests;
-mod pystage;
-mod pytrack;
+mod pipeline;
+mod python;
 pub mod session;
 mod signals;
 mod spawn;
@@ -27,10 +26,11 @@ mod stack;
 mod summary;
 
 use std::io::Write as _;
+use std::time::Duration;
 
 use crate::config::RecordConfig;
 use crate::output::Format;
-use crate::profile::Profile;
+use crate::profile::{Profile, Sample};
 use crate::saved::SavedWriter;
 use session::{Ended, Flow, Session};
 
@@ -93,32 +93,27 @@ fn libc_time() -> libc::time_t {
 struct Stream {
     index: usize,
     writer: Option<SavedWriter<std::io::BufWriter<Box<dyn std::io::Write + Send>>>>,
-    written: usize,
     failed: Option<std::io::Error>,
 }
 
-/// Ticks between two batches of a streamed saved profile (about a second).
-const TICKS_PER_BATCH: u32 = 10;
+/// How often a streamed saved profile gets a batch.
+const STREAM_EVERY: Duration = Duration::from_secs(1);
 
 impl Stream {
-    /// Writes the samples added since the last batch; an error stops this stream.
-    fn batch(&mut self, profile: &Profile) {
+    /// Writes `samples` (the ones since the last batch); an error stops this stream.
+    fn batch(&mut self, profile: &Profile, samples: &[Sample]) {
         let Some(w) = self.writer.as_mut() else {
             return;
         };
-        let new = &profile.samples()[self.written.min(profile.samples().len())..];
-        match w.write_batch(profile.frames(), profile.stacks(), new) {
-            Ok(()) => self.written = profile.samples().len(),
-            Err(e) => {
-                self.failed = Some(e);
-                self.writer = None;
-            }
+        if let Err(e) = w.write_batch(profile, samples) {
+            self.failed = Some(e);
+            self.writer = None;
         }
     }
 
     /// The last batch and the end chunk.
-    fn finish(&mut self, profile: &Profile) -> std::io::Result<()> {
-        self.batch(profile);
+    fn finish(&mut self, profile: &Profile, samples: &[Sample]) -> std::io::Result<()> {
+        self.batch(profile, samples);
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
@@ -131,22 +126,21 @@ impl Stream {
 
 /// Runs `record` to completion and writes the output. `argv` is stored in the run metadata.
 pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordError> {
-    let mut session = Session::start(cfg.session.clone(), argv)?;
+    let streamed = cfg.outputs.iter().any(|(_, f)| *f == Format::Pyebpf);
+    let mut session = Session::start(cfg.session.clone(), argv, streamed)?;
     let mut progress = summary::Progress::new(cfg.progress);
     let mut streams: Option<Vec<Stream>> = None;
-    let mut ticks = 0u32;
-    session.run(|profile, tick| {
+    // Ticks only for what needs them: the streams' batches and the progress line.
+    let tick_every = (streamed || cfg.progress).then_some(STREAM_EVERY);
+    session.run(tick_every, |profile, samples, tick| {
         // The first tick comes at once: the start metadata is known, the streams open.
         let streams = streams.get_or_insert_with(|| open_streams(cfg, profile));
-        ticks += 1;
-        if ticks.is_multiple_of(TICKS_PER_BATCH) {
-            for s in streams.iter_mut() {
-                s.batch(profile);
-            }
+        for s in streams.iter_mut() {
+            s.batch(profile, &samples);
         }
         progress.tick(
             tick.elapsed,
-            profile.samples().len(),
+            profile.sample_count(),
             profile.process_count(),
         );
         Flow::Continue
@@ -155,13 +149,14 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     progress.finish();
     let Ended {
         mut profile,
+        timeline,
         summary,
     } = ended?;
     profile.file_names = cfg.file_names;
     let mut stderr = std::io::stderr().lock();
     let _ = summary.print(&mut stderr);
     let streams = streams.unwrap_or_else(|| open_streams(cfg, &profile));
-    write_outputs(cfg, &profile, streams, &mut stderr)?;
+    write_outputs(cfg, &profile, &timeline, streams, &mut stderr)?;
     Ok(summary)
 }
 
@@ -183,7 +178,6 @@ fn open_streams(cfg: &RecordConfig, profile: &Profile) -> Vec<Stream> {
             Stream {
                 index,
                 writer,
-                written: 0,
                 failed,
             }
         })
@@ -197,6 +191,7 @@ fn open_streams(cfg: &RecordConfig, profile: &Profile) -> Vec<Stream> {
 fn write_outputs(
     cfg: &RecordConfig,
     profile: &Profile,
+    timeline: &[Sample],
     mut streams: Vec<Stream>,
     stderr: &mut std::io::StderrLock<'_>,
 ) -> Result<(), RecordError> {
@@ -210,7 +205,7 @@ fn write_outputs(
     for i in order {
         let (file, format) = &cfg.outputs[i];
         let result = if let Some(s) = streams.iter_mut().find(|s| s.index == i) {
-            s.finish(profile)
+            s.finish(profile, timeline)
         } else if signals::aborted() {
             skipped.push(file.path().display().to_string());
             continue;

@@ -1,32 +1,37 @@
 //! A sampling session: the data path from the eBPF collector to the [`Profile`], shared by
 //! `record` (which writes the profile at the end) and `top` (which shows it live).
 //!
-//! Owns: starting the collector (and `-- COMMAND`, held until it is a target), the Python
-//! tracker, the drain and Python-stage threads, the stack builder, the stop conditions
-//! (duration, Ctrl-C/SIGTERM/SIGHUP, the profiled command's exit, every `-p` target's exit, a
-//! stage thread ending), stopping the command (SIGINT, SIGTERM, SIGKILL) and the end-of-run
-//! accounting. Input: a [`SessionConfig`]. Output: the profile, grown while
-//! [`Session::run`] calls its tick callback about every [`TICK`], and at the end a
-//! [`RecordSummary`].
+//! Owns: starting the collector (and `-- COMMAND`, held until it is a target), the drain
+//! thread, the [`Pipeline`] on the session's thread, the stop conditions (duration,
+//! Ctrl-C/SIGTERM/SIGHUP, the profiled command's exit, every `-p` target's exit, the drain
+//! ending), stopping the command (SIGINT, SIGTERM, SIGKILL) and the end-of-run accounting.
+//! Input: a [`SessionConfig`]. Output: the profile, grown while [`Session::run`] calls its
+//! tick callback, and at the end a [`RecordSummary`].
+//! Constraints: nothing polls. The session's thread sleeps until a message arrives — a batch
+//! (the drain wakes at most every `drain::FLUSH_EVERY`, earlier when the kernel has a batch or
+//! a process event), an attach result, a signal's wake-up — or until a deadline: the end of
+//! `-d`, the caller's next tick when it asked for ticks, the tracker's next retry, and with
+//! `--idle` the next accounting of the open off-CPU intervals (about every second). Targets'
+//! exits come from the kernel's exit events (a `/proc` check is left only for the case where
+//! the kernel lost process events).
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-use crate::collect::{CollectConfig, Collector, Event, VariantChoice};
+use crate::collect::{CollectConfig, Collector, VariantChoice};
 pub use crate::config::SessionConfig;
 use crate::config::Target;
+use crate::failure::Failure;
 use crate::privilege::cap;
-use crate::procs::ProcessRegistry;
-use crate::profile::{Profile, RunMeta};
+use crate::profile::{Profile, RunMeta, Sample};
 use sampler_common::Counter;
 
-use super::pystage::{self, Staged, StagedBatch};
+use super::drain::{self, Backlog};
+use super::pipeline::{Input, Lifetimes, Pipeline};
+use super::python::{PythonStage, StageConfig, Tracker, wait_attached};
 use super::summary::{PyProcLine, RecordSummary};
-use super::{RecordError, drain, libc_time, pytrack, signals, spawn, stack};
-
-/// How often [`Session::run`] calls its tick callback.
-pub const TICK: Duration = Duration::from_millis(100);
+use super::{RecordError, libc_time, signals, spawn, stack};
 
 /// What the tick callback is told besides the profile.
 #[derive(Clone, Copy, Debug)]
@@ -46,75 +51,31 @@ pub enum Flow {
     Stop,
 }
 
-/// The stack-building side of a run: the profile and what builds it.
-struct Building {
-    builder: stack::StackBuilder,
-    profile: Profile,
-    registry: ProcessRegistry,
-    /// Samples built, and the time spent building them.
-    built: (u64, Duration),
-    /// With `-p`: the targets (and, with `--subprocesses`, their descendants) not known to have
-    /// exited; the run ends when none is left.
-    alive: Option<std::collections::HashSet<u32>>,
-    /// Follow forks of `alive` processes.
-    follow_forks: bool,
-}
-
-impl Building {
-    /// Handles one staged batch, then tells the drain its samples are off the queue.
-    fn handle_batch(&mut self, batch: StagedBatch, backlog: &drain::Backlog) {
-        let t0 = Instant::now();
-        for item in batch.items {
-            self.handle(item);
-        }
-        self.built.1 += t0.elapsed();
-        backlog.done(batch.drained);
-    }
-
-    /// Routes one staged item to the registry and the stack builder.
-    fn handle(&mut self, item: Staged) {
-        match item {
-            Staged::Sample(s) => {
-                self.builder.add(&mut self.profile, &mut self.registry, s);
-                self.built.0 += 1;
-            }
-            Staged::Proc(Event::Exec(p)) => {
-                self.registry.on_exec(p.pid);
-                self.builder.forget_process(p.pid);
-            }
-            Staged::Proc(Event::Exit(p)) => self.registry.on_exit(p.pid),
-            Staged::Proc(Event::Fork(p)) => {
-                self.registry.get_or_load(p.pid);
-                if let Some(alive) = self.alive.as_mut().filter(|_| self.follow_forks)
-                    && alive.contains(&p.parent_pid)
-                {
-                    alive.insert(p.pid);
-                }
-            }
-            Staged::Proc(Event::Sample(_)) => {}
-        }
-    }
-}
-
 /// A running session: the collector is attached and the threads are running.
 pub struct Session {
     cfg: SessionConfig,
-    b: Building,
+    pipe: Pipeline,
     drain: drain::Drain,
-    stage: pystage::PyStageHandle,
-    rx: Receiver<StagedBatch>,
-    backlog: drain::Backlog,
+    rx: Receiver<Input>,
+    backlog: Backlog,
     child: Option<spawn::HeldChild>,
     elapsed: Duration,
+    /// The drain thread has ended.
+    drain_ended: bool,
 }
 
 /// A finished session.
 pub struct Ended {
     /// Everything sampled (what [`Session::run`]'s callback left in it).
     pub profile: Profile,
+    /// The samples the callback did not take (when the session keeps a timeline).
+    pub timeline: Vec<Sample>,
     /// The end-of-run summary (its error counts are also in the profile's metadata).
     pub summary: RecordSummary,
 }
+
+/// How often the targets are looked up in `/proc` once the kernel lost process events.
+const LOST_EVENTS_CHECK: Duration = Duration::from_secs(1);
 
 /// How long `-p` waits for its targets to be attached before sampling starts (it goes on as
 /// soon as they are): milliseconds natively, seconds on an emulated kernel (the kernel matrix's
@@ -187,12 +148,20 @@ fn start_collector(
 
 impl Session {
     /// Installs the Ctrl-C/SIGTERM handlers, loads and attaches the eBPF program, starts the
-    /// threads. `argv` is stored in the run metadata. Messages about targets without Python
-    /// frames go to stderr here, before sampling.
-    pub fn start(cfg: SessionConfig, argv: &[String]) -> Result<Session, RecordError> {
+    /// drain. `argv` is stored in the run metadata; with `timeline` the samples are kept one
+    /// by one until [`Session::run`]'s callback takes them (a streamed `.pyebpf`). Messages
+    /// about targets without Python frames go to stderr here, before sampling.
+    pub fn start(
+        cfg: SessionConfig,
+        argv: &[String],
+        timeline: bool,
+    ) -> Result<Session, RecordError> {
         signals::install();
-        // Attaches start now, on their own threads, while the eBPF object loads.
-        let mut tracker = pytrack::Tracker::new(cfg.native);
+        let (tx, rx) = channel();
+        // Attaches start now, on their own threads, while the eBPF object loads; their results
+        // wait in the pipeline's input.
+        let results = tx.clone();
+        let mut tracker = Tracker::new(move |a| results.send(Input::Attached(a)).is_ok());
         let busy = match &cfg.target {
             Target::All => tracker.scan_all(),
             Target::Pids(pids) => {
@@ -212,72 +181,57 @@ impl Session {
         }
         tracker.set_sink(Box::new(collector.take_python_procs()?));
         if let Target::Pids(pids) = &cfg.target {
-            // The kernel walks their Python frames from the first drained samples on.
-            tracker.wait_for(pids, PIDS_ATTACH_WAIT);
+            // The kernel walks their Python frames from the first drained samples on. Only
+            // attach results flow yet (the drain has not started).
+            wait_attached(&mut tracker, pids, PIDS_ATTACH_WAIT, |left| {
+                match rx.recv_timeout(left) {
+                    Ok(Input::Attached(a)) => Some(a),
+                    _ => None,
+                }
+            });
             for (pid, why) in tracker.failures(pids) {
                 eprintln!(
                     "pyebpf: no Python frames for pid {pid}: {}",
                     crate::printable::printable(&why)
                 );
             }
-        } else {
-            tracker.tick(Instant::now());
         }
         let all = matches!(cfg.target, Target::All);
-        // With --all, the run begins once the busy Python processes are announced to the
-        // kernel: until then their samples would carry no Python frames. The drain runs
-        // meanwhile (the ring buffer never fills) and discards those early samples.
-        let cpus = collector.online_cpus();
-        let (drain, drained, backlog) = drain::start(collector, cfg.stack_bytes, all);
-        if all {
-            tracker.wait_for(&busy, Duration::from_secs(3));
-            drain.begin_now();
-        }
         let meta = RunMeta {
             host: hostname(),
             kernel: kernel_release(),
             start_unix_s: libc_time() as u64,
             rate_hz: cfg.rate_hz,
-            cpus,
+            cpus: collector.online_cpus(),
             command_line: argv.to_vec(),
             idle: cfg.idle,
             ..RunMeta::default()
         };
-        let mut b = Building {
-            builder: stack::StackBuilder::new(stack::BuildConfig {
-                native: cfg.native,
-                kernel: cfg.kernel,
-                threads: cfg.threads,
-                offcpu_period_ns: if cfg.idle {
-                    crate::collect::offcpu_period_ns(cfg.rate_hz)
-                } else {
-                    0
-                },
-            }),
-            profile: Profile::new(meta),
-            registry: ProcessRegistry::new(),
-            built: (0, Duration::ZERO),
-            alive: match &cfg.target {
-                Target::Pids(p) => Some(p.iter().copied().collect()),
-                _ => None,
-            },
-            follow_forks: cfg.subprocesses,
-        };
-        let stage_cfg = pystage::StageConfig {
-            gil: cfg.gil,
-            threads: cfg.threads,
-        };
-        // Batches between the stages (the samples in them are bounded by the drain's backlog).
-        let (stage, rx) = pystage::start(stage_cfg, tracker, drained, 64);
-        // After the Python stage started: Python processes are announced to the kernel while
-        // this slower scan runs (samples wait in the queues meanwhile).
+        let mut pipe = pipeline(&cfg, tracker, meta, timeline, child.as_ref());
+        // With --all, the run begins once the busy Python processes are announced to the
+        // kernel: until then their samples would carry no Python frames. The drain runs
+        // meanwhile (the ring buffer never fills) and discards those early samples.
+        let (drain, backlog) = drain::start(collector, cfg.stack_bytes, all, tx);
+        if all {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while pipe.python().tracker().attaching(&busy) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(input) => pipe.handle(input, &backlog),
+                    Err(_) => break,
+                }
+            }
+            drain.begin_now();
+        }
+        // Python processes are already announced to the kernel; this slower scan runs while
+        // samples wait in the queue.
         match &cfg.target {
             Target::All => {
-                b.registry.scan_all();
+                pipe.registry().scan_all();
             }
             Target::Pids(p) => {
                 for &pid in p {
-                    b.registry.get_or_load(pid);
+                    pipe.registry().get_or_load(pid);
                 }
             }
             Target::Command(_) => {}
@@ -288,73 +242,106 @@ impl Session {
         {
             eprintln!("pyebpf: warning: could not drop capabilities: {e}");
         }
+        // Every sample from here on is kept (`-d` counts from here): a debug line
+        // (`PYEBPF_LOG=pyebpf::record::session=debug`) for tests that time things from it.
+        tracing::debug!("sampling begins");
         Ok(Session {
             cfg,
-            b,
+            pipe,
             drain,
-            stage,
             rx,
             backlog,
             child,
             elapsed: Duration::ZERO,
+            drain_ended: false,
         })
     }
 
     /// Whether a stop condition other than the deadline holds.
     fn must_stop(&mut self) -> bool {
-        signals::STOP.load(Ordering::Relaxed)
-            || self.child.as_mut().is_some_and(spawn::HeldChild::try_wait)
-            || self.drain.is_finished()
-            || self.stage.is_finished()
+        if signals::STOP.load(Ordering::Relaxed) || self.drain_ended {
+            return true;
+        }
+        if self.pipe.lifetimes.targets_gone() {
+            return true;
+        }
+        // The command's exit was seen in the kernel; it is reaped here (a zombie shortly).
+        self.pipe.lifetimes.command_exited()
+            && self.child.as_mut().is_some_and(spawn::HeldChild::try_wait)
     }
 
-    /// With `-p`: whether every target (and followed descendant) has exited.
-    fn targets_gone(&mut self) -> bool {
-        let Some(alive) = self.b.alive.as_mut() else {
-            return false;
-        };
-        alive.retain(|&pid| running(pid));
-        alive.is_empty()
+    /// The kernel lost process events: the targets' exits may never come as events, so they
+    /// are looked up in `/proc` instead.
+    fn check_targets_in_proc(&mut self) {
+        if let Some(alive) = self.pipe.lifetimes.alive.as_mut() {
+            alive.retain(|&pid| running(pid));
+        }
+        if let Some((pid, exited)) = self.pipe.lifetimes.command.as_mut()
+            && !running(*pid)
+        {
+            *exited = true;
+        }
     }
 
     /// Builds stacks into the profile until a stop condition holds or `on_tick` returns
-    /// [`Flow::Stop`]; `on_tick` is called at the start, then about every [`TICK`]. Returns the
-    /// time sampled.
-    pub fn run(&mut self, mut on_tick: impl FnMut(&mut Profile, &Tick) -> Flow) -> Duration {
+    /// [`Flow::Stop`]; `on_tick` gets the profile and the samples since its last call (the
+    /// timeline, empty unless kept) at the start, then every `tick_every` (never, when
+    /// `None`), and a last time at the end. Returns the time sampled.
+    pub fn run(
+        &mut self,
+        tick_every: Option<Duration>,
+        mut on_tick: impl FnMut(&mut Profile, Vec<Sample>, &Tick) -> Flow,
+    ) -> Duration {
         let started = Instant::now();
         let deadline = self.cfg.duration.map(|d| started + d);
-        let mut next_tick = started;
+        let mut next_tick = Some(started);
+        let mut next_check = started;
         loop {
             let now = Instant::now();
             if self.must_stop() || deadline.is_some_and(|d| now >= d) {
                 break;
             }
-            if now >= next_tick {
-                if self.targets_gone() {
-                    break;
-                }
+            if next_tick.is_some_and(|t| now >= t) {
                 let tick = Tick {
                     elapsed: now - started,
                     lost_samples: self.drain.lost_so_far(),
                 };
-                if on_tick(&mut self.b.profile, &tick) == Flow::Stop {
+                let timeline = self.pipe.take_timeline();
+                if on_tick(&mut self.pipe.profile, timeline, &tick) == Flow::Stop {
                     break;
                 }
-                next_tick = now + TICK;
+                next_tick = tick_every.map(|d| now + d);
             }
-            let mut wait = next_tick.saturating_duration_since(Instant::now());
-            if let Some(d) = deadline {
-                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            if self.drain.lost_proc_events() && now >= next_check {
+                self.check_targets_in_proc();
+                next_check = now + LOST_EVENTS_CHECK;
+                continue;
             }
-            match self.rx.recv_timeout(wait) {
-                Ok(batch) => {
-                    self.b.handle_batch(batch, &self.backlog);
+            let mut wake = [deadline, next_tick, self.pipe.next_due()]
+                .into_iter()
+                .flatten()
+                .min();
+            if self.pipe.lifetimes.command_exited() {
+                // Seen exiting, not reaped yet: a zombie in microseconds.
+                wake = Some(now + Duration::from_millis(5));
+            } else if self.drain.lost_proc_events() {
+                wake = Some(wake.map_or(next_check, |w| w.min(next_check)));
+            }
+            let received = match wake {
+                Some(w) => self
+                    .rx
+                    .recv_timeout(w.saturating_duration_since(Instant::now())),
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match received {
+                Ok(input) => {
+                    self.take(input);
                     // Everything already queued, without waiting.
-                    while let Ok(batch) = self.rx.try_recv() {
-                        self.b.handle_batch(batch, &self.backlog);
+                    while let Ok(input) = self.rx.try_recv() {
+                        self.take(input);
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => self.pipe.tick(),
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
@@ -362,78 +349,90 @@ impl Session {
         self.elapsed
     }
 
-    /// Stops sampling, builds what is still queued and returns the profile and the summary.
-    pub fn finish(mut self) -> Result<Ended, RecordError> {
-        let finished = self.drain.finish()?;
-        // What the drain thread queued before it stopped: the stage ends when its input closes.
-        for batch in &self.rx {
-            self.b.handle_batch(batch, &self.backlog);
+    fn take(&mut self, input: Input) {
+        if matches!(input, Input::DrainEnded) {
+            self.drain_ended = true;
         }
-        let report = self.stage.finish();
-        self.b.profile.meta.duration_s = self.elapsed.as_secs_f64();
-        let mut summary = summarize(&self.cfg, &mut self.b, &finished, report);
+        self.pipe.handle(input, &self.backlog);
+    }
+
+    /// Stops sampling, builds what is still queued and returns the profile and the summary.
+    pub fn finish(self) -> Result<Ended, RecordError> {
+        let Session {
+            cfg,
+            mut pipe,
+            drain,
+            rx,
+            backlog,
+            mut child,
+            elapsed,
+            drain_ended,
+        } = self;
+        let finished = drain.finish()?;
+        // What the drain thread queued before it stopped, up to its last message.
+        let mut ended = drain_ended;
+        while !ended {
+            match rx.recv() {
+                Ok(input) => {
+                    ended = matches!(input, Input::DrainEnded);
+                    pipe.handle(input, &backlog);
+                }
+                Err(_) => break,
+            }
+        }
+        pipe.flush_open_intervals();
+        let mut done = pipe.finish();
+        done.profile.meta.duration_s = elapsed.as_secs_f64();
+        let mut summary = summarize(&cfg, &mut done, &finished);
         // `-- COMMAND` still running: SIGINT, then SIGTERM (then SIGKILL), as perf does.
-        summary.command_status = self
-            .child
+        summary.command_status = child
             .as_mut()
             .map(|c| crate::printable::printable(&c.stop().to_string()).into_owned());
         Ok(Ended {
-            profile: self.b.profile,
+            profile: done.profile,
+            timeline: done.timeline,
             summary,
         })
     }
 }
 
-/// Fills the profile's error counts and builds the summary.
+/// Fills the profile's failure counts and builds the summary.
 fn summarize(
     cfg: &SessionConfig,
-    b: &mut Building,
+    done: &mut super::pipeline::Finished,
     finished: &drain::Finished,
-    report: pystage::StageReport,
 ) -> RecordSummary {
-    let (builder, registry) = (&b.builder, &b.registry);
-    let meta = &mut b.profile.meta;
+    let meta = &mut done.profile.meta;
     meta.lost_samples = finished.counters.lost_samples() + finished.dropped;
-    meta.errors = builder.errors().clone();
-    if finished.dropped > 0 {
-        meta.errors
-            .insert("lost_in_user_space".to_string(), finished.dropped);
-    }
-    for (name, value) in finished.counters.error_counts() {
-        if value > 0 {
-            meta.errors.insert(name.to_string(), value);
-        }
-    }
-    for (name, value) in registry.error_counts() {
-        if value > 0 {
-            meta.errors.insert(format!("procs_{name}"), value);
-        }
-    }
-    for (name, value) in &report.errors {
-        *meta.errors.entry((*name).to_string()).or_default() += value;
-    }
+    let mut errors = finished.counters.failures();
+    errors.add(Failure::LostInUserSpace, finished.dropped);
+    errors.merge(&done.failures);
+    errors.merge(&done.python.failures);
     // Python failures, summed over processes (the per-process lines break them down).
-    for (_, s) in &report.procs {
+    let procs = std::mem::take(&mut done.python.procs);
+    let each = procs.iter().map(|(_, s)| s);
+    for s in each.chain(done.python.overflow.as_ref()) {
         for (kind, n) in &s.errors {
-            *meta.errors.entry(format!("python_{kind}")).or_default() += n;
+            errors.add(Failure::Python(*kind), *n);
         }
     }
+    meta.errors = errors;
     let mut summary = RecordSummary::from_profile(
-        &b.profile,
+        &done.profile,
         cfg.rate_hz,
         signals::STOP.load(Ordering::Relaxed),
     );
-    summary.python = report
-        .procs
+    let mismatches: std::collections::HashMap<u32, u64> = done.mismatches.iter().copied().collect();
+    summary.python = procs
         .into_iter()
         .map(|(pid, stats)| PyProcLine {
             pid,
-            merge_mismatches: builder.mismatches().get(&pid).copied().unwrap_or(0),
+            merge_mismatches: mismatches.get(&pid).copied().unwrap_or(0),
             stats,
         })
         .collect();
-    summary.python_overflow = report.overflow;
-    summary.skipped = report.skipped;
+    summary.python_overflow = done.python.overflow.take();
+    summary.skipped = std::mem::take(&mut done.python.skipped);
     summary.program.clone_from(&finished.program);
     if cfg.idle {
         let c = &finished.counters;
@@ -447,9 +446,46 @@ fn summarize(
         });
     }
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
-        summary.user_cost = Some([(report.samples, report.busy), b.built]);
+        summary.user_cost = Some(done.built);
     }
     summary
+}
+
+/// The pipeline of a run.
+fn pipeline(
+    cfg: &SessionConfig,
+    tracker: Tracker,
+    meta: RunMeta,
+    timeline: bool,
+    child: Option<&spawn::HeldChild>,
+) -> Pipeline {
+    let python = PythonStage::new(
+        StageConfig {
+            gil: cfg.gil,
+            threads: cfg.threads,
+        },
+        tracker,
+    );
+    let builder = stack::StackBuilder::new(stack::BuildConfig {
+        native: cfg.native,
+        kernel: cfg.kernel,
+        threads: cfg.threads,
+        offcpu_period_ns: if cfg.idle {
+            crate::collect::offcpu_period_ns(cfg.rate_hz)
+        } else {
+            0
+        },
+    });
+    let lifetimes = Lifetimes {
+        // A target that exited before the exit tracepoint was attached sends no event.
+        alive: match &cfg.target {
+            Target::Pids(p) => Some(p.iter().copied().filter(|&p| running(p)).collect()),
+            _ => None,
+        },
+        follow_forks: cfg.subprocesses,
+        command: child.map(|c| (c.pid(), false)),
+    };
+    Pipeline::new(python, builder, Profile::new(meta), timeline, lifetimes)
 }
 
 /// Whether `pid` is a process that has not exited (a zombie has).

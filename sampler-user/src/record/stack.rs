@@ -1,10 +1,14 @@
-//! Per-sample stack building for `record`: staged sample → interned stack in the [`Profile`].
+//! Per-sample stack building for `record`: a sample with its Python part resolved → an
+//! interned stack and its key in the [`Profile`].
 //!
-//! Owns: the frame caches of a run — (pid, address) → frame for native frames, address →
-//! frame for kernel frames, pid → root frame, Python frame index → frame — the merge-mismatch
-//! counts (per process too) and the per-run error counts of this stage.
-//! Input: a [`StagedSample`] (Python frames already resolved by the Python stage) and the
-//! process registry. Output: one [`Sample`] in the profile.
+//! Owns: the native unwinding, symbolization and `--native` merge of each sample (their
+//! caches: (pid, address) → frame for native frames, address → frame for kernel frames, pid →
+//! root frame and name, tid → thread name, and the eval-loop ranges per process
+//! ([`EvalLoops`], merge's)), the merge-mismatch counts per process and this stage's failures.
+//! Input: a [`Staged`] sample (Python frames already profile frame ids) and the process
+//! registry. Output: the sample's [`Sample`]s (one; one per state part for an off-CPU
+//! interval), counted in the profile and handed to the caller (the timeline of a streamed
+//! `.pyebpf`).
 //!
 //! Stack order in the profile is root first: `comm (pid)`, [thread], then
 //! - default: the Python frames, outermost first (nothing for a thread not running Python);
@@ -14,26 +18,35 @@
 //!
 //! and kernel frames on top; an off-CPU interval (`--idle`) then ends in its state frame
 //! (`[off-CPU: sleeping in futex]`), one sample per state part, weighted (`idle`).
+//! Constraints: no allocation per sample once the caches are warm (the stack is built in a
+//! reused buffer, names are interned once per process and thread); caches are bounded.
 
-use std::collections::BTreeMap;
-
-use crate::lru::FastMap;
 use std::sync::Arc;
 
 use sampler_common::sample_flags;
 
-use crate::merge::{self, MergeOutcome, NativeItem, PyItem, Role};
+use crate::collect::RawSample;
+use crate::failure::{Failure, Failures};
+use crate::lru::{FastMap, Lru};
+use crate::merge::{self, EvalLoops, EvalRangeIssue, MergeOutcome, NativeItem, Role};
 use crate::procs::ProcessRegistry;
-use crate::profile::{Frame, FrameId, FrameKind, Profile, Sample, ThreadState};
+use crate::profile::{
+    Frame, FrameId, FrameKind, GilState, NameId, Profile, Sample, SampleKey, ThreadState,
+};
+use crate::python::Detected;
 use crate::symbolize::Symbolizer;
 use crate::unwind::NativeUnwinder;
 
-use super::pystage::StagedSample;
+use super::python::PyStack;
 
 /// Maximum native frames per sample; deeper stacks are marked truncated.
 pub const MAX_NATIVE_FRAMES: usize = 256;
 /// The marker between the native and the Python half of an unmergeable sample.
 pub const MISMATCH_MARKER: &str = "[merge mismatch]";
+/// Most cached native and kernel frames.
+const MAX_FRAMES: usize = 1 << 20;
+/// Most processes and threads whose names are cached.
+const MAX_NAMES: usize = 1 << 16;
 
 /// What the builder needs from the run's configuration.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,22 +61,44 @@ pub struct BuildConfig {
     pub offcpu_period_ns: u64,
 }
 
+/// One sample for the builder, its Python part resolved.
+pub struct Staged<'a> {
+    /// The sample.
+    pub raw: &'a RawSample,
+    /// Its kernel stack, innermost first.
+    pub kernel: Option<&'a [u64]>,
+    /// Its Python frames.
+    pub py: Option<&'a PyStack>,
+    /// The interpreter file of its process (for the eval-loop ranges, with `--native`).
+    pub interp: Option<&'a Detected>,
+    /// The Python `threading` name of the thread, with `--threads`.
+    pub thread_name: Option<Arc<str>>,
+    /// GIL state of the thread at the sample.
+    pub gil: GilState,
+}
+
+/// A process's root frame and name, as last built.
+struct Root {
+    comm: Arc<str>,
+    frame: FrameId,
+    name: NameId,
+}
+
 /// Builds profile stacks from staged samples.
 pub struct StackBuilder {
     cfg: BuildConfig,
     unwinder: NativeUnwinder,
     symbolizer: Symbolizer,
-    native_frames: FastMap<(u32, u64), FrameId>,
-    kernel_frames: FastMap<u64, FrameId>,
-    roots: FastMap<u32, (Arc<str>, FrameId)>,
-    thread_names: FastMap<u32, Arc<str>>,
-    /// Python frame index (from the Python stage) → profile frame.
-    py_frames: Vec<FrameId>,
-    errors: BTreeMap<String, u64>,
+    eval: EvalLoops,
+    native_frames: Lru<(u32, u64), FrameId>,
+    kernel_frames: Lru<u64, FrameId>,
+    roots: Lru<u32, Root>,
+    /// tid → (name, its id, its `--threads` frame).
+    thread_names: Lru<u32, (Arc<str>, NameId, Option<FrameId>)>,
+    failures: Failures,
     mismatches: FastMap<u32, u64>,
     scratch: Vec<FrameId>,
     native_scratch: Vec<NativeItem<FrameId>>,
-    py_scratch: Vec<PyItem<FrameId>>,
 }
 
 impl StackBuilder {
@@ -73,22 +108,21 @@ impl StackBuilder {
             cfg,
             unwinder: NativeUnwinder::new(),
             symbolizer: Symbolizer::new(),
-            native_frames: FastMap::default(),
-            kernel_frames: FastMap::default(),
-            roots: FastMap::default(),
-            thread_names: FastMap::default(),
-            py_frames: Vec::new(),
-            errors: BTreeMap::new(),
+            eval: EvalLoops::default(),
+            native_frames: Lru::new(MAX_FRAMES),
+            kernel_frames: Lru::new(MAX_FRAMES),
+            roots: Lru::new(MAX_NAMES),
+            thread_names: Lru::new(MAX_NAMES),
+            failures: Failures::default(),
             mismatches: FastMap::default(),
             scratch: Vec::new(),
             native_scratch: Vec::new(),
-            py_scratch: Vec::new(),
         }
     }
 
-    /// Errors counted by this stage, by kind.
-    pub fn errors(&self) -> &BTreeMap<String, u64> {
-        &self.errors
+    /// Failures counted by this stage.
+    pub fn failures(&self) -> &Failures {
+        &self.failures
     }
 
     /// Merge mismatches by pid.
@@ -96,161 +130,168 @@ impl StackBuilder {
         &self.mismatches
     }
 
-    fn count(&mut self, kind: &str) {
-        *self.errors.entry(kind.to_string()).or_default() += 1;
-    }
-
     /// Forgets per-process caches (the process exec'd or exited).
     pub fn forget_process(&mut self, pid: u32) {
         self.roots.remove(&pid);
         self.native_frames.retain(|(p, _), _| *p != pid);
+        self.eval.forget(pid);
         self.unwinder.forget_process(pid);
         self.symbolizer.forget_process(pid);
     }
 
-    /// Adds one sample to the profile.
-    pub fn add(&mut self, profile: &mut Profile, registry: &mut ProcessRegistry, s: StagedSample) {
-        let StagedSample {
-            raw: s,
-            kernel,
-            py,
-            thread_name,
-            new_frames,
-            gil,
-        } = s;
-        for f in new_frames {
-            self.py_frames.push(profile.intern_frame(f));
-        }
-        let thread_comm = comm_str(&s.comm);
-        let comm: Arc<str> = if let Some(p) = registry.get_or_load(s.pid) {
-            p.comm.as_str().into()
-        } else {
-            self.count("process_gone");
-            // The main thread's comm is the process name; others' are thread names.
-            thread_comm.as_str().into()
-        };
+    /// Builds one sample's stack into `profile`; `out` gets each [`Sample`] counted (one, or
+    /// one per state part of an off-CPU interval). Returns what the eval-loop ranges of the
+    /// process lack, the first time they are looked up.
+    pub fn add(
+        &mut self,
+        profile: &mut Profile,
+        registry: &mut ProcessRegistry,
+        s: &Staged<'_>,
+        out: &mut impl FnMut(&Sample),
+    ) -> Option<EvalRangeIssue> {
+        let raw = s.raw;
+        let thread_comm = comm_str(&raw.comm);
+        let root = self.root(profile, registry, raw.pid, &thread_comm);
         let mut stack = std::mem::take(&mut self.scratch);
         stack.clear();
-        stack.push(self.root_frame(profile, s.pid, &comm));
-        let thread_name = thread_name.unwrap_or_else(|| self.thread_name(s.tid, &thread_comm));
-        if self.cfg.threads {
-            let label = format!("{thread_name} ({})", s.tid);
-            stack.push(profile.intern_frame(Frame::new(FrameKind::Thread, label)));
+        stack.push(root.0);
+        let (thread, thread_frame) =
+            self.thread(profile, raw.tid, s.thread_name.as_ref(), &thread_comm);
+        if let Some(f) = thread_frame {
+            stack.push(f);
         }
-        let py_items = self.py_items(profile, py.as_ref());
+        let mut issue = None;
         // An off-CPU interval carries no stack copy (a copy at every context switch would cost
         // more than the switch): its Python frames stand alone, as without `--native`.
-        if self.cfg.native && s.off_cpu.is_none() {
-            let ranges = py.as_ref().and_then(|p| p.eval.clone());
-            let truncated = self.unwind(profile, registry, &s, ranges.as_deref());
+        if self.cfg.native && raw.off_cpu.is_none() {
+            let ranges = match s.interp {
+                Some(interp) if s.py.is_some() => {
+                    let (r, i) = self.eval.get(raw.pid, interp);
+                    issue = i;
+                    r
+                }
+                _ => None,
+            };
+            let truncated = self.unwind(profile, registry, raw, ranges.as_deref());
             if truncated {
                 stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
             }
             let native = std::mem::take(&mut self.native_scratch);
-            if py.is_some() {
+            if let Some(py) = s.py {
                 let marker = profile.intern_frame(Frame::new(FrameKind::Marker, MISMATCH_MARKER));
                 if let MergeOutcome::Mismatch { .. } =
-                    merge::merge(&native, &py_items, marker, &mut stack)
+                    merge::merge(&native, &py.items, marker, &mut stack)
                 {
-                    self.count("merge_mismatch");
-                    *self.mismatches.entry(s.pid).or_default() += 1;
+                    self.failures.one(Failure::MergeMismatch);
+                    *self.mismatches.entry(raw.pid).or_default() += 1;
                 }
             } else {
                 stack.extend(native.iter().rev().map(|n| n.frame));
             }
             self.native_scratch = native;
-        } else if let Some(py) = &py {
+        } else if let Some(py) = s.py {
             if py.truncated {
                 let marker = if py.invalid {
-                    super::pyproc::INVALID_PY_FRAME
+                    super::python::INVALID_PY_FRAME
                 } else {
                     "[truncated]"
                 };
                 stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, marker)));
             }
-            merge::python_only(&py_items, &mut stack);
+            merge::python_only(&py.items, &mut stack);
         }
-        self.py_scratch = py_items;
         if self.cfg.kernel {
-            self.push_kernel(profile, kernel.as_deref(), &s, &mut stack);
+            self.push_kernel(profile, s.kernel, raw, &mut stack);
         }
         let mut sample = Sample {
-            stack: crate::profile::StackId(0),
-            time_ns: s.time_ns,
-            pid: s.pid,
-            tid: s.tid,
-            cpu: s.cpu,
-            comm,
-            thread_name,
-            gil,
-            state: ThreadState::OnCpu,
+            key: SampleKey {
+                stack: crate::profile::StackId(0),
+                pid: raw.pid,
+                tid: raw.tid,
+                comm: root.1,
+                thread,
+                gil: s.gil,
+                state: ThreadState::OnCpu,
+            },
+            time_ns: raw.time_ns,
+            cpu: raw.cpu,
             weight: 1,
         };
-        if let Some(off) = &s.off_cpu {
+        if let Some(off) = &raw.off_cpu {
             for (state, weight) in super::idle::split(off, self.cfg.offcpu_period_ns) {
                 let label = super::idle::state_label(state, off);
                 stack.push(profile.intern_frame(Frame::new(FrameKind::State, label)));
-                sample.stack = profile.intern_stack(&stack);
+                sample.key.stack = profile.intern_stack(&stack);
                 stack.pop();
-                sample.state = state;
+                sample.key.state = state;
                 sample.weight = weight;
-                profile.add_sample(sample.clone());
+                profile.add(&sample);
+                out(&sample);
             }
         } else {
-            sample.stack = profile.intern_stack(&stack);
-            profile.add_sample(sample);
+            sample.key.stack = profile.intern_stack(&stack);
+            profile.add(&sample);
+            out(&sample);
         }
         self.scratch = stack;
+        issue
     }
 
-    /// The Python items of a capture with the profile's frame ids (in `py_scratch`'s buffer).
-    fn py_items(
+    /// The root frame `comm (pid)` and the process name of `pid` (from the registry; the
+    /// thread's comm when the process is gone).
+    fn root(
         &mut self,
         profile: &mut Profile,
-        py: Option<&super::pyproc::PyStack>,
-    ) -> Vec<PyItem<FrameId>> {
-        let mut py_items = std::mem::take(&mut self.py_scratch);
-        py_items.clear();
-        for item in py.iter().flat_map(|p| &p.items) {
-            py_items.push(match *item {
-                PyItem::Frame(f) => {
-                    PyItem::Frame(if let Some(id) = self.py_frames.get(f.0 as usize) {
-                        *id
-                    } else {
-                        // Cannot happen (numbers travel before their first use); never guess.
-                        *self.errors.entry("python_frame_index".into()).or_default() += 1;
-                        profile.intern_frame(Frame::new(
-                            FrameKind::Python,
-                            super::pyproc::UNKNOWN_PY_FRAME,
-                        ))
-                    })
-                }
-                PyItem::Entry => PyItem::Entry,
-            });
+        registry: &mut ProcessRegistry,
+        pid: u32,
+        thread_comm: &str,
+    ) -> (FrameId, NameId) {
+        let comm = if let Some(p) = registry.get_or_load(pid) {
+            p.comm.as_str()
+        } else {
+            self.failures.one(Failure::ProcessGone);
+            // The main thread's comm is the process name; others' are thread names.
+            thread_comm
+        };
+        if let Some(r) = self.roots.get(&pid)
+            && *r.comm == *comm
+        {
+            return (r.frame, r.name);
         }
-        py_items
+        let frame = profile.intern_frame(Frame::new(FrameKind::Process, format!("{comm} ({pid})")));
+        let name = profile.intern_name(comm);
+        self.roots.insert(
+            pid,
+            Root {
+                comm: comm.into(),
+                frame,
+                name,
+            },
+        );
+        (frame, name)
     }
 
-    fn root_frame(&mut self, profile: &mut Profile, pid: u32, comm: &Arc<str>) -> FrameId {
-        if let Some((c, id)) = self.roots.get(&pid)
-            && c == comm
+    /// The thread's name (its Python name when given, else its comm) and, with `--threads`, its
+    /// frame `name (tid)`.
+    fn thread(
+        &mut self,
+        profile: &mut Profile,
+        tid: u32,
+        python_name: Option<&Arc<str>>,
+        comm: &str,
+    ) -> (NameId, Option<FrameId>) {
+        let name: &str = python_name.map_or(comm, |n| &**n);
+        if let Some((n, id, frame)) = self.thread_names.get(&tid)
+            && **n == *name
         {
-            return *id;
+            return (*id, *frame);
         }
-        let id = profile.intern_frame(Frame::new(FrameKind::Process, format!("{comm} ({pid})")));
-        self.roots.insert(pid, (comm.clone(), id));
-        id
-    }
-
-    fn thread_name(&mut self, tid: u32, comm: &str) -> Arc<str> {
-        if let Some(n) = self.thread_names.get(&tid)
-            && &**n == comm
-        {
-            return n.clone();
-        }
-        let n: Arc<str> = comm.into();
-        self.thread_names.insert(tid, n.clone());
-        n
+        let id = profile.intern_name(name);
+        let frame = self.cfg.threads.then(|| {
+            profile.intern_frame(Frame::new(FrameKind::Thread, format!("{name} ({tid})")))
+        });
+        self.thread_names.insert(tid, (name.into(), id, frame));
+        (id, frame)
     }
 
     /// Unwinds and symbolizes the native stack into `native_scratch` (innermost first, with
@@ -259,7 +300,7 @@ impl StackBuilder {
         &mut self,
         profile: &mut Profile,
         registry: &mut ProcessRegistry,
-        s: &crate::collect::RawSample,
+        s: &RawSample,
         ranges: Option<&merge::EvalRanges>,
     ) -> bool {
         self.native_scratch.clear();
@@ -267,14 +308,14 @@ impl StackBuilder {
             return false;
         }
         let Some(copy) = s.stack.as_ref().filter(|c| !c.bytes.is_empty()) else {
-            self.count("no_user_stack");
+            self.failures.one(Failure::NoUserStack);
             return false;
         };
         let native = self
             .unwinder
             .unwind(registry, s.pid, &s.regs, copy, MAX_NATIVE_FRAMES);
         if let Some(e) = &native.error {
-            self.count(e.kind());
+            self.failures.one(Failure::Unwind(e.kind()));
         }
         let Some(proc) = registry.get(s.pid) else {
             return native.truncated;
@@ -297,7 +338,7 @@ impl StackBuilder {
             self.native_scratch.push(NativeItem { frame: id, role });
         }
         if self.native_scratch.is_empty() {
-            *self.errors.entry("no_native_frames".into()).or_default() += 1;
+            self.failures.one(Failure::NoNativeFrames);
         }
         native.truncated
     }
@@ -306,14 +347,14 @@ impl StackBuilder {
         &mut self,
         profile: &mut Profile,
         kernel: Option<&[u64]>,
-        s: &crate::collect::RawSample,
+        s: &RawSample,
         out: &mut Vec<FrameId>,
     ) {
         if s.kernel_stack_id < 0 {
             return; // user-mode sample: no kernel frames (not an error)
         }
         let Some(addrs) = kernel else {
-            self.count("kernel_stack_missing");
+            self.failures.one(Failure::KernelStackMissing);
             return;
         };
         let start = out.len();

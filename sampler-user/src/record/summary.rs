@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::collect::ProgramStats;
 use crate::profile::Profile;
 
-use super::pyproc::PyProcStats;
+use super::python::PyProcStats;
 
 /// Most Python processes listed one per line; the rest are summed in one line.
 const MAX_PROC_LINES: usize = 50;
@@ -55,13 +55,13 @@ pub struct RecordSummary {
     /// Python processes beyond the per-process bound of the stage, summed.
     pub python_overflow: Option<PyProcStats>,
     /// Processes that looked like Python but could not be profiled.
-    pub skipped: Vec<super::pytrack::Skipped>,
+    pub skipped: Vec<super::python::Skipped>,
     /// The eBPF sampling program's statistics.
     pub program: Option<ProgramStats>,
     /// `--idle`: the off-CPU counts and program.
     pub offcpu: Option<OffCpuLine>,
-    /// User-space cost: (samples, time) of the Python stage and of the stack builder.
-    pub user_cost: Option<[(u64, Duration); 2]>,
+    /// User-space cost: samples built, and the time the pipeline spent on their batches.
+    pub user_cost: Option<(u64, Duration)>,
     /// How `-- COMMAND` ended (`exited with status 3`, `was killed by signal 2 (SIGINT)`).
     pub command_status: Option<String>,
 }
@@ -91,7 +91,7 @@ impl RecordSummary {
             processes: p.process_count(),
             duration_s: p.meta.duration_s,
             lost_samples: p.meta.lost_samples,
-            errors: p.meta.errors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            errors: p.meta.errors.named(),
             interrupted,
             rate_hz,
             cpus: p.meta.cpus,
@@ -148,7 +148,7 @@ impl RecordSummary {
         let mut rest_mismatches = 0;
         let mut rest_count = 0;
         for l in lines.iter().skip(MAX_PROC_LINES) {
-            super::pytrack::merge_stats(&mut rest, &l.stats);
+            rest.merge(&l.stats);
             rest_mismatches += l.merge_mismatches;
             rest_count += 1;
         }
@@ -184,19 +184,15 @@ impl RecordSummary {
         if let Some(o) = &self.offcpu {
             writeln!(w, "pyebpf: {}", offcpu_line(o))?;
         }
-        if let Some([(py_n, py_t), (st_n, st_t)]) = self.user_cost {
-            let per = |n: u64, t: Duration| {
-                if n == 0 {
-                    0.0
-                } else {
-                    t.as_secs_f64() * 1e6 / n as f64
-                }
+        if let Some((n, t)) = self.user_cost {
+            let per = if n == 0 {
+                0.0
+            } else {
+                t.as_secs_f64() * 1e6 / n as f64
             };
             writeln!(
                 w,
-                "pyebpf: user space: python stage {:.1} µs per sample ({py_n} samples), stack building {:.1} µs per sample ({st_n} samples)",
-                per(py_n, py_t),
-                per(st_n, st_t)
+                "pyebpf: user space: pipeline {per:.1} µs per sample ({n} samples: Python frames, stacks, counts)"
             )?;
         }
         Ok(())
@@ -256,7 +252,12 @@ fn proc_line(pid: Option<u32>, s: &PyProcStats, mismatches: u64) -> String {
     if s.errors.is_empty() {
         out.push_str(", errors: none");
     } else {
-        let list: Vec<String> = s.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let mut list: Vec<String> = s
+            .errors
+            .iter()
+            .map(|(k, v)| format!("{} {v}", k.name()))
+            .collect();
+        list.sort();
         let _ = write!(out, ", errors: {}", list.join(", "));
     }
     out
@@ -324,7 +325,7 @@ impl Progress {
     }
 
     /// Updates the line.
-    pub fn tick(&mut self, elapsed: Duration, samples: usize, processes: usize) {
+    pub fn tick(&mut self, elapsed: Duration, samples: u64, processes: usize) {
         if let Some(b) = &self.bar {
             b.set_message(format!(
                 "recording: {:.0} s elapsed, {samples} samples, {processes} processes (Ctrl-C to stop and write)",
@@ -384,7 +385,9 @@ mod tests {
             truncated: 1,
             ..PyProcStats::default()
         };
-        stats.count("torn_instr_ptr");
+        stats.count(crate::failure::PyFailure::Reader(
+            crate::python::ErrorKind::TornInstrPtr,
+        ));
         let s = RecordSummary {
             samples: 300,
             processes: 1,
@@ -413,7 +416,7 @@ mod tests {
                 },
             ],
             python_overflow: None,
-            skipped: vec![super::super::pytrack::Skipped {
+            skipped: vec![super::super::python::Skipped {
                 pid: 77,
                 comm: "py\x1b[2Jold".into(),
                 reason: "unsupported CPython 3.7".into(),

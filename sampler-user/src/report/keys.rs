@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use crate::profile::{FileNames, Frame, FrameKind, GilState, Profile, Sample, ThreadState};
+use crate::profile::{FileNames, Frame, FrameKind, GilState, Profile, SampleKey, ThreadState};
 
 /// How frames turn into key values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -319,12 +319,12 @@ pub struct SampleParts {
 }
 
 impl SampleParts {
-    /// The parts of `s` that `keys` use; the others are left empty so that samples that differ
-    /// only in them group together.
-    pub fn of(s: &Sample, keys: &[SortKey], empty: &Arc<str>) -> SampleParts {
+    /// The parts of `s` (a key of `profile`) that `keys` use; the others are left empty so that
+    /// samples that differ only in them group together.
+    pub fn of(profile: &Profile, s: &SampleKey, keys: &[SortKey], empty: &Arc<str>) -> SampleParts {
         SampleParts {
             comm: if keys.contains(&SortKey::Comm) {
-                s.comm.clone()
+                profile.comm(s).clone()
             } else {
                 empty.clone()
             },
@@ -339,7 +339,7 @@ impl SampleParts {
                 0
             },
             thread: if keys.contains(&SortKey::Thread) {
-                s.thread_name.clone()
+                profile.thread(s).clone()
             } else {
                 empty.clone()
             },

@@ -35,9 +35,10 @@ fn meta_json(profile: &Profile, cfg: &Config, table: &Table) -> Value {
     let (procs, all_procs) = meta::process_counts(profile, cfg);
     let errors: Map<String, Value> = m
         .errors
-        .iter()
+        .named()
+        .into_iter()
         .take(meta::MAX_ERROR_KINDS)
-        .map(|(k, v)| (k.clone(), Value::from(*v)))
+        .map(|(k, v)| (k, Value::from(v)))
         .collect();
     let f = &cfg.filter;
     json!({

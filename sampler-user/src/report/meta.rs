@@ -34,10 +34,10 @@ fn bounded(s: &str) -> String {
 pub fn process_counts(profile: &Profile, cfg: &Config) -> (usize, usize) {
     let mut all = BTreeSet::new();
     let mut kept = BTreeSet::new();
-    for s in profile.samples() {
-        all.insert(s.pid);
-        if cfg.filter.accepts(s) {
-            kept.insert(s.pid);
+    for (k, _) in profile.counts() {
+        all.insert(k.pid);
+        if cfg.filter.accepts(profile, k) {
+            kept.insert(k.pid);
         }
     }
     (kept.len(), all.len())
@@ -124,7 +124,7 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 /// The error counts as `kind N, kind N`.
 pub fn errors(profile: &Profile) -> String {
-    let errors = &profile.meta.errors;
+    let errors = profile.meta.errors.named();
     let mut s = String::new();
     for (i, (kind, n)) in errors.iter().enumerate() {
         if i == MAX_ERROR_KINDS {

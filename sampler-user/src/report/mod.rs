@@ -4,7 +4,8 @@
 //! Owns: the report's option validation (`options`), row keys (`keys`), grouping into rows with
 //! self/children counts and call trees (`table`), the header (`meta`), and the text, JSON and
 //! CSV writers (`text`, `machine`). Input: an in-memory [`Profile`] (loaded by
-//! `saved::load`) and the CLI's [`ReportOptions`]; output: text on a writer. Nothing here
+//! `saved::load`) and a [`ReportConfig`] validated from the CLI's [`ReportOptions`] (the one function
+//! from the CLI to the config, as `record`'s [`crate::config::RecordConfig::new`]); output: text on a writer. Nothing here
 //! panics on odd profiles: an empty one gives the header and `# no samples`.
 //!
 //! Semantics (those of `perf report`): rows group the samples that pass the filters (`--pid`,
@@ -37,7 +38,7 @@ use std::io::{self, Write};
 
 use crate::profile::Profile;
 
-pub use options::OptionError;
+pub use options::{Config as ReportConfig, OptionError};
 
 /// What `report` shows (from the CLI flags).
 #[derive(Clone, Debug, Default)]
@@ -76,20 +77,13 @@ pub struct ReportOptions {
     pub addresses: bool,
 }
 
-/// Checks the options without rendering (a usage error is one line).
-pub fn validate(opts: &ReportOptions) -> Result<(), OptionError> {
-    options::Config::new(opts).map(|_| ())
-}
-
-/// Writes the report. A usage error (unknown sort key, call-graph order, …) is returned as an
-/// `InvalidInput` error whose message is one line, before anything is written.
-pub fn render(profile: &Profile, opts: &ReportOptions, out: &mut dyn Write) -> io::Result<()> {
-    let cfg =
-        options::Config::new(opts).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
-    let table = table::build(profile, &cfg);
+/// Writes the report of `profile` as `cfg` (validated from the CLI's [`ReportOptions`] by
+/// [`ReportConfig::new`], before the saved file is read) asks.
+pub fn render(profile: &Profile, cfg: &ReportConfig, out: &mut dyn Write) -> io::Result<()> {
+    let table = table::build(profile, cfg);
     match cfg.style {
-        options::Style::Text => text::write(out, profile, &cfg, &table),
-        options::Style::Json => machine::write_json(out, profile, &cfg, &table),
-        options::Style::Csv => machine::write_csv(out, &cfg, &table),
+        options::Style::Text => text::write(out, profile, cfg, &table),
+        options::Style::Json => machine::write_json(out, profile, cfg, &table),
+        options::Style::Csv => machine::write_csv(out, cfg, &table),
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::ReportOptions;
 use super::keys::{KeyOptions, SortKey};
-use crate::profile::{FileNames, ThreadState};
+use crate::profile::{FileNames, Profile, SampleKey, ThreadState};
 
 /// Order of the call chains printed under each row (`-g`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,13 +53,14 @@ impl Filter {
             && self.states.is_empty())
     }
 
-    /// Whether a sample passes.
-    pub fn accepts(&self, s: &crate::profile::Sample) -> bool {
-        (self.pids.is_empty() || self.pids.contains(&s.pid))
-            && (self.tids.is_empty() || self.tids.contains(&s.tid))
-            && (self.comms.is_empty() || self.comms.iter().any(|c| **c == *s.comm))
-            && (self.threads.is_empty() || self.threads.iter().any(|t| **t == *s.thread_name))
-            && (self.states.is_empty() || self.states.contains(&s.state))
+    /// Whether the samples of `key` (in `profile`) pass.
+    pub fn accepts(&self, profile: &Profile, key: &SampleKey) -> bool {
+        (self.pids.is_empty() || self.pids.contains(&key.pid))
+            && (self.tids.is_empty() || self.tids.contains(&key.tid))
+            && (self.comms.is_empty() || self.comms.iter().any(|c| **c == **profile.comm(key)))
+            && (self.threads.is_empty()
+                || self.threads.iter().any(|t| **t == **profile.thread(key)))
+            && (self.states.is_empty() || self.states.contains(&key.state))
     }
 }
 

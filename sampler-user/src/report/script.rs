@@ -202,15 +202,15 @@ fn write_sample(
     writeln!(
         out,
         "{} {}/{} [{:03}] {}.{:06}: {period} {EVENT}:",
-        comm_field(&s.comm),
-        s.pid,
-        s.tid,
+        comm_field(profile.comm(&s.key)),
+        s.key.pid,
+        s.key.tid,
         s.cpu,
         s.time_ns / 1_000_000_000,
         s.time_ns % 1_000_000_000 / 1000
     )?;
     let mut printed = 0;
-    for id in profile.stack(s.stack).iter().rev() {
+    for id in profile.stack(s.key.stack).iter().rev() {
         if let Some(Some((symbol, module))) = fields.get(id.0 as usize) {
             writeln!(out, "\t0 {symbol}+0x0 ({module})")?;
             printed += 1;
@@ -222,8 +222,12 @@ fn write_sample(
     writeln!(out)
 }
 
-/// Writes every sample in `perf script` layout.
+/// Writes every sample in `perf script` layout: the profile must have kept its timeline
+/// (`saved::load_with`).
 pub fn render(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    let samples = profile
+        .timeline()
+        .ok_or_else(|| io::Error::other("script needs the samples one by one (the timeline)"))?;
     write_header(profile, out)?;
     let period = period_ns(profile.meta.rate_hz);
     let fields: Vec<Option<(String, String)>> = profile
@@ -231,7 +235,7 @@ pub fn render(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         .iter()
         .map(|f| frame_fields(f, profile.file_names))
         .collect();
-    for s in profile.samples() {
+    for s in samples {
         write_sample(profile, s, period, &fields, out)?;
     }
     Ok(())

@@ -204,6 +204,7 @@ fn demo_profile_folds_back_exactly() {
 /// `script` prints for them: that profile's folded lines are what `script` must fold back to.
 fn every_kind(threads: bool, unknown_leaf: bool) -> Profile {
     let mut p = Profile::new(meta());
+    p.keep_timeline();
     let t = |name: &'static str, tid: u32| -> Vec<F<'static>> {
         if threads {
             vec![F::Thread(name, tid)]
@@ -307,14 +308,16 @@ python3 10/11 [000] 1.000000: 10101010 cpu-clock:
     assert!(text.ends_with("\n\n"));
     assert_eq!(
         text.matches("cpu-clock:\n").count(),
-        p.samples().len(),
+        p.timeline().unwrap().len(),
         "one block per sample"
     );
 }
 
 #[test]
 fn empty_profile_is_header_only() {
-    let text = script_text(&Profile::new(crate::profile::RunMeta::default()));
+    let mut empty = Profile::new(crate::profile::RunMeta::default());
+    empty.keep_timeline();
+    let text = script_text(&empty);
     assert!(text.starts_with("# ========\n"));
     assert!(text.ends_with("# ========\n#\n"));
     assert!(
@@ -352,9 +355,13 @@ fn inferno_fold(text: &str, annotate_kernel: bool) -> BTreeMap<String, u64> {
 fn inferno_expected(p: &Profile) -> BTreeMap<String, u64> {
     let period = period_ns(p.meta.rate_hz);
     let mut out = BTreeMap::new();
-    for s in p.samples() {
-        let mut parts = vec![format!("{}-{}", s.comm.replace(' ', "_"), s.pid)];
-        for id in p.stack(s.stack) {
+    for s in p.timeline().unwrap() {
+        let mut parts = vec![format!(
+            "{}-{}",
+            p.comm(&s.key).replace(' ', "_"),
+            s.key.pid
+        )];
+        for id in p.stack(s.key.stack) {
             let f = p.frame(*id);
             let name = match f.kind {
                 FrameKind::Process | FrameKind::Thread => continue,
@@ -512,13 +519,13 @@ fn firefox_read(text: &str) -> Vec<FxSample> {
 fn firefox_importer_reads_every_line() {
     let p = every_kind(true, false);
     let samples = firefox_read(&script_text(&p));
-    assert_eq!(samples.len(), p.samples().len());
-    for (fx, s) in samples.iter().zip(p.samples()) {
-        assert_eq!((fx.pid, fx.tid), (s.pid, s.tid));
-        assert_eq!(fx.thread, &*s.comm);
+    assert_eq!(samples.len(), p.timeline().unwrap().len());
+    for (fx, s) in samples.iter().zip(p.timeline().unwrap()) {
+        assert_eq!((fx.pid, fx.tid), (s.key.pid, s.key.tid));
+        assert_eq!(fx.thread, &**p.comm(&s.key));
         assert_eq!(fx.time_us, s.time_ns / 1000);
         let real = p
-            .stack(s.stack)
+            .stack(s.key.stack)
             .iter()
             .filter(|id| !matches!(p.frame(**id).kind, FrameKind::Process | FrameKind::Thread))
             .count();
@@ -547,6 +554,7 @@ fn firefox_importer_reads_every_line() {
 #[test]
 fn hostile_names_keep_every_line_parseable() {
     let mut p = Profile::new(meta());
+    p.keep_timeline();
     let frames = [
         F::Native("foo(int, char*) const", "lib with space (deleted)"),
         F::Native("", ""),

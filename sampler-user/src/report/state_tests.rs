@@ -4,8 +4,8 @@
 
 use serde_json::Value;
 
-use super::{ReportOptions, render};
-use crate::profile::{Frame, FrameKind, GilState, Profile, RunMeta, Sample, ThreadState};
+use super::{ReportConfig, ReportOptions, render};
+use crate::profile::{Frame, FrameKind, GilState, NamedSample, Profile, RunMeta, ThreadState};
 
 /// Adds one sample of `tid` (pid 10, `app`) with `frames` (Python `name (/a.py:1)`, then the
 /// state frame `state_frame` if any), `state`, `gil` and `weight`.
@@ -27,9 +27,9 @@ fn add(
         ids.push(p.intern_frame(Frame::new(FrameKind::State, s)));
     }
     let stack = p.intern_stack(&ids);
-    p.add_sample(Sample {
+    p.add_sample(NamedSample {
         stack,
-        time_ns: p.samples().len() as u64,
+        time_ns: p.sample_count(),
         pid: 10,
         tid,
         cpu: 0,
@@ -50,6 +50,7 @@ fn wall_profile() -> Profile {
         idle: true,
         ..RunMeta::default()
     });
+    p.keep_timeline();
     let on = (ThreadState::OnCpu, GilState::Held, 1);
     for _ in 0..4 {
         add(&mut p, 11, &["main", "spin"], None, on);
@@ -86,7 +87,7 @@ fn opts(sort: &str) -> ReportOptions {
 /// total.
 fn table(p: &Profile, o: &ReportOptions) -> (Vec<(String, u64, u64)>, u64) {
     let mut out = Vec::new();
-    render(p, o, &mut out).unwrap();
+    render(p, &ReportConfig::new(o).unwrap(), &mut out).unwrap();
     let v: Value = serde_json::from_slice(&out).unwrap();
     let keys = o.sort.clone();
     let rows = v["rows"]
@@ -117,7 +118,7 @@ fn text(p: &Profile, o: &ReportOptions) -> String {
         ..o.clone()
     };
     let mut out = Vec::new();
-    render(p, &o, &mut out).unwrap();
+    render(p, &ReportConfig::new(&o).unwrap(), &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -218,8 +219,11 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
     let mut bytes = Vec::new();
     crate::saved::writer::write_profile(&p, &mut bytes).unwrap();
     assert_eq!(&bytes[8..12], &3u32.to_le_bytes(), "format version 3");
-    let back = crate::saved::load_from(&bytes[..]).unwrap().profile;
-    assert_eq!(back.samples(), p.samples());
+    let back = crate::saved::load_from_with(&bytes[..], true)
+        .unwrap()
+        .profile;
+    assert_eq!(back.timeline(), p.timeline());
+    assert_eq!(back.counts(), p.counts());
     assert_eq!(back.frames(), p.frames());
     assert!(back.meta.idle);
     assert_eq!(back.total_weight(), 15);
@@ -228,6 +232,7 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
     }
     // A plain run stays version 2 (older readers keep reading it).
     let mut plain = Profile::new(RunMeta::default());
+    plain.keep_timeline();
     add(
         &mut plain,
         1,
@@ -240,6 +245,7 @@ fn saved_wall_clock_runs_are_version_3_and_round_trip() {
     assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
     // A weighted sample cannot be written into a plain (version 2) file.
     let mut bad = Profile::new(RunMeta::default());
+    bad.keep_timeline();
     add(
         &mut bad,
         1,

@@ -178,13 +178,13 @@ fn groups(profile: &Profile, cfg: &Config) -> (u64, HashMap<(StackId, SamplePart
     let empty: Arc<str> = "".into();
     let mut out: HashMap<(StackId, SampleParts), u64> = HashMap::new();
     let mut total = 0;
-    for s in profile.samples() {
-        if !cfg.filter.accepts(s) {
+    for (k, c) in profile.counts() {
+        if !cfg.filter.accepts(profile, k) {
             continue;
         }
-        total += u64::from(s.weight);
-        *out.entry((s.stack, SampleParts::of(s, &cfg.keys, &empty)))
-            .or_default() += u64::from(s.weight);
+        total += c.weight;
+        *out.entry((k.stack, SampleParts::of(profile, k, &cfg.keys, &empty)))
+            .or_default() += c.weight;
     }
     (total, out)
 }

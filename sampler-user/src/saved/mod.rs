@@ -2,9 +2,11 @@
 //! output or `report` from later.
 //!
 //! Owns: the file format: writing ([`SavedWriter`], streamed during a run;
-//! [`writer::write_profile`] for a whole profile, which `output` renders as `-f pyebpf`), reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded
-//! profile is the saved one: same frames, stacks and ids, same samples in the same order, same
-//! metadata, so every output renders identically from either.
+//! [`writer::write_profile`] for a whole profile, which `output` renders as `-f pyebpf`),
+//! reading ([`load`] / [`load_from`], in [`reader`]) and its validation. A loaded profile is
+//! the saved one: same frames, stacks and ids, the samples replayed in their order into the same
+//! counts, same metadata, so every output renders identically from either. The per-sample
+//! timeline (time, CPU) is kept only on request ([`load_with`]: `script`).
 //!
 //! Layout (format version 2): the 8-byte magic [`MAGIC`] (PNG-style: a high byte, then
 //! `PYEBPF`, then a line feed, so text-mode transfers and mistaken file types are caught), a
@@ -35,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use crate::profile::{FrameKind, GilState, ThreadState};
 
-pub use reader::{Loaded, load_from};
+pub use reader::{Loaded, load_from, load_from_with};
 pub use writer::SavedWriter;
 
 /// The first 8 bytes of every saved profile.
@@ -109,12 +111,18 @@ pub struct LoadError {
 
 /// Reads a saved profile from a file.
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
+    load_with(path, false)
+}
+
+/// Reads a saved profile from a file; with `timeline` the profile keeps every sample in order
+/// ([`crate::profile::Profile::timeline`]).
+pub fn load_with(path: &Path, timeline: bool) -> Result<Loaded, LoadError> {
     let with_path = |error| LoadError {
         path: path.to_path_buf(),
         error,
     };
     let file = std::fs::File::open(path).map_err(|e| with_path(FormatError::Read(e)))?;
-    load_from(file).map_err(with_path)
+    load_from_with(file, timeline).map_err(with_path)
 }
 
 fn kind_to_wire(k: FrameKind) -> schema::FrameKind {

@@ -11,7 +11,6 @@
 //! (about 7 bytes per sample, stacks of at most a few hundred frames), a decompression bomb or a
 //! file that repeats one deep stack millions of times does not.
 
-use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::sync::Arc;
 
@@ -21,8 +20,10 @@ use super::{
     ChunkKind, FORMAT_VERSION, FormatError, MAGIC, gil_from_wire, kind_from_wire, schema,
     state_from_wire,
 };
+use crate::failure::{Failure, Failures};
 use crate::profile::{
-    FileNames, Frame, FrameId, FrameKind, Profile, RunMeta, Sample, StackId, ThreadState,
+    FileNames, Frame, FrameId, FrameKind, NameId, Profile, RunMeta, Sample, SampleKey, StackId,
+    ThreadState,
 };
 
 /// Largest chunk body (compressed), and largest decompressed chunk (a one-second batch of
@@ -87,8 +88,14 @@ fn corrupt(s: impl Into<String>) -> FormatError {
     FormatError::Corrupt(s.into())
 }
 
-/// Reads a saved profile from a stream.
+/// Reads a saved profile from a stream (its samples counted by key, the timeline not kept).
 pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
+    load_from_with(reader, false)
+}
+
+/// Reads a saved profile from a stream; with `timeline` the profile also keeps every sample in
+/// order ([`Profile::timeline`]: `script`, or writing the saved format again).
+pub fn load_from_with(reader: impl Read, timeline: bool) -> Result<Loaded, FormatError> {
     let mut r = Counting {
         inner: io::BufReader::new(reader),
         read: 0,
@@ -98,6 +105,9 @@ pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
         version,
         ..Builder::default()
     };
+    if timeline {
+        b.profile.keep_timeline();
+    }
     if version == 1 {
         // One gzip member holding one message with everything.
         let mut file = Vec::new();
@@ -112,7 +122,7 @@ pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
         }
         let msg = decode_message(&payload)?;
         b.start(&msg)?;
-        b.batch(msg.strings, msg.frames, msg.stacks, msg.samples, r.read)?;
+        b.batch(msg.strings, &msg.frames, msg.stacks, msg.samples, r.read)?;
         b.end(msg.meta, None)?;
         return b.finish();
     }
@@ -164,7 +174,7 @@ pub fn load_from(reader: impl Read) -> Result<Loaded, FormatError> {
         match kind {
             ChunkKind::Start => b.start(&msg)?,
             ChunkKind::Batch => {
-                b.batch(msg.strings, msg.frames, msg.stacks, msg.samples, r.read)?;
+                b.batch(msg.strings, &msg.frames, msg.stacks, msg.samples, r.read)?;
             }
             ChunkKind::End => b.end(msg.meta, msg.sample_count)?,
         }
@@ -231,15 +241,17 @@ struct Builder {
     ended: bool,
     /// The file ends inside a chunk.
     cut: bool,
-    meta: RunMeta,
+    profile: Profile,
     strings: Vec<Arc<str>>,
-    frames: Vec<Frame>,
+    /// The profile's name of each string, once a sample used it.
+    names: Vec<Option<NameId>>,
     /// Text bytes of each frame (what a folded line spends on it).
     frame_text: Vec<u64>,
-    stacks: Vec<Box<[FrameId]>>,
-    samples: Vec<Sample>,
+    samples: u64,
     frame_refs: u64,
     stack_text: u64,
+    /// Earliest and latest sample time.
+    span: Option<(u64, u64)>,
 }
 
 impl Builder {
@@ -250,7 +262,8 @@ impl Builder {
         if msg.writer.is_empty() {
             return Err(corrupt("no writer name"));
         }
-        self.meta = decode_meta(msg.meta.clone().ok_or_else(|| corrupt("no run metadata"))?)?;
+        self.profile.meta =
+            decode_meta(msg.meta.clone().ok_or_else(|| corrupt("no run metadata"))?)?;
         self.started = true;
         Ok(())
     }
@@ -265,11 +278,22 @@ impl Builder {
         })
     }
 
+    /// The profile's name for string `i` (a comm or thread name).
+    fn name(&mut self, i: u32, what: &dyn Fn() -> String) -> Result<NameId, FormatError> {
+        if let Some(Some(id)) = self.names.get(i as usize) {
+            return Ok(*id);
+        }
+        let s = self.string(i, what)?;
+        let id = self.profile.intern_name(&s);
+        self.names[i as usize] = Some(id);
+        Ok(id)
+    }
+
     /// Adds one batch; `read` is the number of file bytes read so far (the limits' base).
     fn batch(
         &mut self,
         strings: Vec<String>,
-        frames: Vec<schema::Frame>,
+        frames: &[schema::Frame],
         stacks: Vec<schema::Stack>,
         samples: Option<schema::Samples>,
         read: u64,
@@ -282,68 +306,83 @@ impl Builder {
                 return Err(corrupt(format!("a string of {} bytes", s.len())));
             }
             self.strings.push(Arc::from(s));
+            self.names.push(None);
         }
         for f in frames {
-            let i = self.frames.len();
-            let what = || format!("frame {i}");
-            let kind = schema::FrameKind::try_from(f.kind)
-                .ok()
-                .and_then(kind_from_wire)
-                .ok_or_else(|| corrupt(format!("frame {i} has unknown kind {}", f.kind)))?;
-            if kind == FrameKind::State && self.version < 3 {
-                return Err(corrupt(format!(
-                    "frame {i} is a thread state in a version {} file",
-                    self.version
-                )));
-            }
-            let frame = Frame {
-                kind,
-                name: self.string(f.name, &what)?,
-                module: f.module.map(|m| self.string(m, &what)).transpose()?,
-                file: f.file.map(|m| self.string(m, &what)).transpose()?,
-                short_file: f.short_file.map(|m| self.string(m, &what)).transpose()?,
-                line: f.line,
-            };
-            let text = frame.name.len()
-                + frame.module.as_ref().map_or(0, |m| m.len())
-                + frame.display_file(FileNames::Full).map_or(0, str::len)
-                + 16;
-            self.frame_text.push(text as u64);
-            self.frames.push(frame);
+            self.frame(f)?;
         }
         for s in stacks {
-            let i = self.stacks.len();
-            if s.frames.len() > MAX_STACK_DEPTH {
-                return Err(corrupt(format!(
-                    "stack {i} is {} frames deep (at most {MAX_STACK_DEPTH})",
-                    s.frames.len()
-                )));
-            }
-            let mut text = 0u64;
-            for &f in &s.frames {
-                text += self.frame_text.get(f as usize).copied().ok_or_else(|| {
-                    corrupt(format!(
-                        "stack {i} refers to frame {f}, but there are {} frames",
-                        self.frames.len()
-                    ))
-                })?;
-            }
-            self.stack_text += text;
-            self.stacks
-                .push(s.frames.into_iter().map(FrameId).collect());
+            self.stack(s)?;
         }
         let cols = samples.ok_or_else(|| corrupt("no samples"))?;
         // The cost is checked before the samples are built: a crafted batch is refused
-        // without allocating its samples.
+        // without building its samples.
         let mut refs = 0u64;
         for &stack in &cols.stack {
             refs += self
-                .stacks
+                .profile
+                .stacks()
                 .get(stack as usize)
                 .map_or(0, |s| s.len() as u64);
         }
         self.check_cost(read, cols.stack.len() as u64, refs)?;
         self.samples(&cols)
+    }
+
+    fn frame(&mut self, f: &schema::Frame) -> Result<(), FormatError> {
+        let i = self.profile.frames().len();
+        let what = || format!("frame {i}");
+        let kind = schema::FrameKind::try_from(f.kind)
+            .ok()
+            .and_then(kind_from_wire)
+            .ok_or_else(|| corrupt(format!("frame {i} has unknown kind {}", f.kind)))?;
+        if kind == FrameKind::State && self.version < 3 {
+            return Err(corrupt(format!(
+                "frame {i} is a thread state in a version {} file",
+                self.version
+            )));
+        }
+        let frame = Frame {
+            kind,
+            name: self.string(f.name, &what)?,
+            module: f.module.map(|m| self.string(m, &what)).transpose()?,
+            file: f.file.map(|m| self.string(m, &what)).transpose()?,
+            short_file: f.short_file.map(|m| self.string(m, &what)).transpose()?,
+            line: f.line,
+        };
+        let text = frame.name.len()
+            + frame.module.as_ref().map_or(0, |m| m.len())
+            + frame.display_file(FileNames::Full).map_or(0, str::len)
+            + 16;
+        self.frame_text.push(text as u64);
+        self.profile
+            .push_frame(frame)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(())
+    }
+
+    fn stack(&mut self, s: schema::Stack) -> Result<(), FormatError> {
+        let i = self.profile.stacks().len();
+        if s.frames.len() > MAX_STACK_DEPTH {
+            return Err(corrupt(format!(
+                "stack {i} is {} frames deep (at most {MAX_STACK_DEPTH})",
+                s.frames.len()
+            )));
+        }
+        let mut text = 0u64;
+        for &f in &s.frames {
+            text += self.frame_text.get(f as usize).copied().ok_or_else(|| {
+                corrupt(format!(
+                    "stack {i} refers to frame {f}, but there are {} frames",
+                    self.frame_text.len()
+                ))
+            })?;
+        }
+        self.stack_text += text;
+        self.profile
+            .push_stack(s.frames.into_iter().map(FrameId).collect())
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(())
     }
 
     fn samples(&mut self, cols: &schema::Samples) -> Result<(), FormatError> {
@@ -371,10 +410,9 @@ impl Builder {
                 )));
             }
         }
-        self.samples.reserve(n);
         let mut time = 0u64;
         for i in 0..n {
-            let at = self.samples.len();
+            let at = self.samples;
             let what = || format!("sample {at}");
             time = time.wrapping_add(cols.time_delta_ns[i] as u64);
             let gil = schema::GilState::try_from(cols.gil[i]).map_err(|_| {
@@ -382,13 +420,14 @@ impl Builder {
             })?;
             let stack = cols.stack[i];
             let depth = self
-                .stacks
+                .profile
+                .stacks()
                 .get(stack as usize)
                 .map(|s| s.len())
                 .ok_or_else(|| {
                     corrupt(format!(
                         "sample {at} refers to stack {stack}, but there are {} stacks",
-                        self.stacks.len()
+                        self.profile.stacks().len()
                     ))
                 })?;
             self.frame_refs += depth as u64;
@@ -402,18 +441,26 @@ impl Builder {
             if weight == 0 {
                 return Err(corrupt(format!("sample {at} has weight 0")));
             }
-            self.samples.push(Sample {
+            let key = SampleKey {
                 stack: StackId(stack),
-                time_ns: time,
                 pid: cols.pid[i],
                 tid: cols.tid[i],
-                cpu: cols.cpu[i],
-                comm: self.string(cols.comm[i], &what)?,
-                thread_name: self.string(cols.thread_name[i], &what)?,
+                comm: self.name(cols.comm[i], &what)?,
+                thread: self.name(cols.thread_name[i], &what)?,
                 gil: gil_from_wire(gil),
                 state,
+            };
+            self.profile.add(&Sample {
+                key,
+                time_ns: time,
+                cpu: cols.cpu[i],
                 weight,
             });
+            self.samples += 1;
+            self.span = Some(
+                self.span
+                    .map_or((time, time), |(lo, hi)| (lo.min(time), hi.max(time))),
+            );
         }
         Ok(())
     }
@@ -431,7 +478,7 @@ impl Builder {
         };
         over(
             "samples",
-            self.samples.len() as u64 + new_samples,
+            self.samples + new_samples,
             SAMPLES_PER_BYTE,
             SLACK,
         )?;
@@ -457,11 +504,11 @@ impl Builder {
         if !self.started || self.ended {
             return Err(corrupt("an end chunk out of place"));
         }
-        self.meta = decode_meta(meta.ok_or_else(|| corrupt("no run metadata"))?)?;
-        if let Some(n) = sample_count.filter(|&n| n != self.samples.len() as u64) {
+        self.profile.meta = decode_meta(meta.ok_or_else(|| corrupt("no run metadata"))?)?;
+        if let Some(n) = sample_count.filter(|&n| n != self.samples) {
             return Err(corrupt(format!(
                 "{} samples, the end chunk counts {n}",
-                self.samples.len()
+                self.samples
             )));
         }
         self.ended = true;
@@ -472,28 +519,28 @@ impl Builder {
         if !self.started {
             return Err(corrupt("no complete chunk"));
         }
-        if !self.ended {
+        if !self.ended
+            && let Some((lo, hi)) = self.span
+        {
             // What the run would have written at its end: the time it covered.
-            let (lo, hi) = self.samples.iter().fold((u64::MAX, 0), |(lo, hi), s| {
-                (lo.min(s.time_ns), hi.max(s.time_ns))
-            });
-            if hi >= lo {
-                self.meta.duration_s = (hi - lo) as f64 / 1e9;
-            }
+            self.profile.meta.duration_s = (hi - lo) as f64 / 1e9;
         }
         let complete = self.ended && !self.cut;
-        let profile = Profile::from_parts(self.meta, self.frames, self.stacks, self.samples)
-            .map_err(|e| corrupt(e.to_string()))?;
-        Ok(Loaded { profile, complete })
+        Ok(Loaded {
+            profile: self.profile,
+            complete,
+        })
     }
 }
 
 fn decode_meta(m: schema::RunMeta) -> Result<RunMeta, FormatError> {
-    let mut errors = BTreeMap::new();
+    let mut errors = Failures::default();
+    let mut seen = std::collections::BTreeSet::new();
     for e in m.errors {
-        if errors.insert(e.kind.clone(), e.count).is_some() {
+        if !seen.insert(e.kind.clone()) {
             return Err(corrupt(format!("error kind {:?} listed twice", e.kind)));
         }
+        errors.add(Failure::from_name(&e.kind), e.count);
     }
     Ok(RunMeta {
         host: m.host,

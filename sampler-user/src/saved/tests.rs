@@ -1,7 +1,6 @@
 //! Tests of the saved format: round trips (model and every rendered output), truncation at
 //! every length, seeded random corruption, and each error's message.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 
 use prost::Message as _;
@@ -9,7 +8,7 @@ use prost::Message as _;
 use super::*;
 use crate::output::Format;
 use crate::output::tests::demo_profile;
-use crate::profile::{Frame, FrameId, FrameKind, GilState, Profile, RunMeta, Sample, StackId};
+use crate::profile::{Frame, FrameId, FrameKind, GilState, NamedSample, Profile, RunMeta, StackId};
 
 /// Frames of every kind, optional fields set and unset, non-ASCII names.
 fn rich_frames() -> Vec<Frame> {
@@ -67,10 +66,14 @@ fn rich_frames() -> Vec<Frame> {
 /// A profile with every frame kind and GIL state, thread frames, non-ASCII text, optional
 /// fields both set and unset, times that go backwards and wrap, and an errors map.
 fn rich_profile() -> Profile {
-    let mut errors = BTreeMap::new();
-    errors.insert("python_read_failed".to_string(), 3);
-    errors.insert("lost_in_user_space".to_string(), 7);
-    errors.insert("ünïcode kind".to_string(), u64::MAX);
+    let mut errors = crate::failure::Failures::default();
+    for (name, n) in [
+        ("python_read_failed", 3),
+        ("lost_in_user_space", 7),
+        ("ünïcode kind", u64::MAX),
+    ] {
+        errors.add(crate::failure::Failure::from_name(name), n);
+    }
     let mut p = Profile::new(RunMeta {
         host: "höst-1".into(),
         kernel: "6.18.0-test".into(),
@@ -88,6 +91,7 @@ fn rich_profile() -> Profile {
         errors,
         idle: false,
     });
+    p.keep_timeline();
     let ids: Vec<FrameId> = rich_frames()
         .into_iter()
         .map(|f| p.intern_frame(f))
@@ -119,7 +123,7 @@ fn rich_profile() -> Profile {
         } else {
             ("python3", 42, 43 + (i % 2) as u32, "wörker-1")
         };
-        p.add_sample(Sample {
+        p.add_sample(NamedSample {
             stack: stacks[i % stacks.len()],
             time_ns: times[i % times.len()].wrapping_add(i as u64 * 10_101_010),
             pid,
@@ -141,8 +145,15 @@ fn save(p: &Profile) -> Vec<u8> {
     buf
 }
 
+/// An empty profile that keeps its (empty) timeline.
+fn empty() -> Profile {
+    let mut p = Profile::default();
+    p.keep_timeline();
+    p
+}
+
 fn load_profile(bytes: &[u8]) -> Profile {
-    let l = load_from(bytes).unwrap();
+    let l = load_from_with(bytes, true).unwrap();
     assert!(l.complete);
     l.profile
 }
@@ -150,7 +161,8 @@ fn load_profile(bytes: &[u8]) -> Profile {
 fn assert_same(a: &Profile, b: &Profile) {
     assert_eq!(a.frames(), b.frames());
     assert_eq!(a.stacks(), b.stacks());
-    assert_eq!(a.samples(), b.samples());
+    assert_eq!(a.timeline(), b.timeline());
+    assert_eq!(a.counts(), b.counts());
     assert_eq!(a.meta, b.meta);
 }
 
@@ -162,7 +174,7 @@ fn render(f: Format, p: &Profile) -> Result<Vec<u8>, String> {
 
 #[test]
 fn round_trip_keeps_everything() {
-    for p in [demo_profile(), rich_profile(), Profile::default()] {
+    for p in [demo_profile(), rich_profile(), empty()] {
         let bytes = save(&p);
         assert_eq!(bytes[..8], MAGIC);
         assert_eq!(bytes[8..12], 2u32.to_le_bytes());
@@ -213,29 +225,30 @@ fn chunk_ends(file: &[u8]) -> Vec<(u8, usize)> {
 /// A file of several batches of `per_batch` samples.
 fn save_in_batches(p: &Profile, per_batch: usize) -> Vec<u8> {
     let mut w = SavedWriter::new(Vec::new(), &p.meta).unwrap();
-    for batch in p.samples().chunks(per_batch) {
-        w.write_batch(p.frames(), p.stacks(), batch).unwrap();
+    for batch in p.timeline().unwrap().chunks(per_batch) {
+        w.write_batch(p, batch).unwrap();
     }
     w.finish(&p.meta).unwrap()
 }
 
 #[test]
 fn every_cut_loads_up_to_its_last_complete_chunk() {
-    for p in [demo_profile(), rich_profile(), Profile::default()] {
+    for p in [demo_profile(), rich_profile(), empty()] {
         let bytes = save_in_batches(&p, 7);
         let ends = chunk_ends(&bytes);
-        assert!(p.samples().is_empty() || ends.len() >= 3, "{ends:?}");
+        let all = p.timeline().unwrap();
+        assert!(all.is_empty() || ends.len() >= 3, "{ends:?}");
         // Samples in the batches complete at each chunk end.
         let mut complete_samples = Vec::new();
         let mut n = 0;
         for (kind, end) in &ends {
             if *kind == ChunkKind::Batch as u8 {
-                n = (n + 7).min(p.samples().len());
+                n = (n + 7).min(all.len());
             }
             complete_samples.push((*end, n));
         }
         for len in 0..=bytes.len() {
-            let got = load_from(&bytes[..len]);
+            let got = load_from_with(&bytes[..len], true);
             let Some(&(_, want)) = complete_samples.iter().rev().find(|(end, _)| *end <= len)
             else {
                 assert!(
@@ -247,8 +260,8 @@ fn every_cut_loads_up_to_its_last_complete_chunk() {
             let loaded = got.unwrap_or_else(|e| panic!("prefix {len} of {}: {e}", bytes.len()));
             assert_eq!(loaded.complete, len == bytes.len(), "prefix {len}");
             assert_eq!(
-                loaded.profile.samples(),
-                &p.samples()[..want],
+                loaded.profile.timeline().unwrap(),
+                &all[..want],
                 "prefix {len}"
             );
             if loaded.complete {
@@ -329,13 +342,13 @@ fn v1_file(m: &schema::SavedProfile) -> Vec<u8> {
 }
 
 fn load_v1(m: &schema::SavedProfile) -> Result<Profile, FormatError> {
-    load_from(&v1_file(m)[..]).map(|l| l.profile)
+    load_from_with(&v1_file(m)[..], true).map(|l| l.profile)
 }
 
 #[test]
 fn version_1_files_are_still_read() {
     for p in [demo_profile(), rich_profile()] {
-        let loaded = load_from(&v1_file(&v1_message(&p))[..]).unwrap();
+        let loaded = load_from_with(&v1_file(&v1_message(&p))[..], true).unwrap();
         assert!(loaded.complete);
         assert_same(&loaded.profile, &p);
     }
@@ -438,7 +451,12 @@ fn load_names_the_file() {
         format!("{}: not a pyebpf profile (bad magic)", path.display())
     );
     std::fs::write(&path, save(&demo_profile())).unwrap();
-    assert_same(&load(&path).unwrap().profile, &demo_profile());
+    assert_same(&load_with(&path, true).unwrap().profile, &demo_profile());
+    assert_eq!(
+        load(&path).unwrap().profile.timeline(),
+        None,
+        "no timeline unless asked"
+    );
     let e = load(&dir.join("missing.pyebpf")).unwrap_err();
     assert!(matches!(e.error, FormatError::Read(_)), "{e}");
     assert!(
@@ -627,6 +645,7 @@ fn compact_enough() {
         rate_hz: 99,
         ..RunMeta::default()
     });
+    p.keep_timeline();
     let mut stacks = Vec::new();
     for s in 0..50 {
         let mut ids = vec![p.intern_frame(Frame::new(FrameKind::Process, "python3 (1234)"))];
@@ -642,7 +661,7 @@ fn compact_enough() {
     let mut t = 1_000_000_000_000u64;
     for _ in 0..10_000 {
         t += 10_101_010 / 4 + rng.below(1000) as u64;
-        p.add_sample(Sample {
+        p.add_sample(NamedSample {
             stack: stacks[rng.below(stacks.len())],
             time_ns: t,
             pid: 1234,

@@ -2,10 +2,10 @@
 //! batch, so a run that is killed keeps everything up to its last chunk.
 //!
 //! API (small on purpose, for whoever feeds it): [`SavedWriter::new`] with the metadata known at
-//! the start; [`SavedWriter::write_batch`] with every frame and stack interned so far (ids from
-//! 0, as [`Profile`] hands them out: only the ones not written yet are written) and the samples
-//! gathered since the previous batch (they can be dropped from memory afterwards);
-//! [`SavedWriter::finish`] with the final metadata (duration, lost samples, errors).
+//! the start; [`SavedWriter::write_batch`] with the profile (its frames and stacks interned so
+//! far: only the ones not written yet are written; its names) and the samples gathered since
+//! the previous batch (they can be dropped from memory afterwards); [`SavedWriter::finish`]
+//! with the final metadata (duration, lost samples, errors).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -16,9 +16,9 @@ use super::{
     ChunkKind, FORMAT_VERSION, FORMAT_VERSION_PLAIN, MAGIC, WRITER, gil_to_wire, kind_to_wire,
     schema, state_to_wire,
 };
-use crate::profile::{Frame, FrameId, Profile, RunMeta, Sample};
+use crate::profile::{NameId, Profile, RunMeta, Sample};
 
-/// Samples per chunk when a whole profile is saved at once ([`super::Saved`]).
+/// Samples per chunk when a whole profile is saved at once ([`write_profile`]).
 pub const SAMPLES_PER_CHUNK: usize = 1 << 16;
 
 /// A saved profile being written.
@@ -31,6 +31,8 @@ pub struct SavedWriter<W: Write> {
     samples: u64,
     /// Version 3: samples carry a state and a weight.
     weighted: bool,
+    /// The string index of each of the profile's names ([`NameId`]), once written.
+    names: Vec<Option<u32>>,
 }
 
 impl<W: Write> SavedWriter<W> {
@@ -59,17 +61,14 @@ impl<W: Write> SavedWriter<W> {
             stacks: 0,
             samples: 0,
             weighted: meta.idle,
+            names: Vec::new(),
         })
     }
 
-    /// Writes one chunk: the frames and stacks of `frames`/`stacks` not written yet (both are
-    /// every one interned so far), and `samples`. Nothing is written for an empty batch.
-    pub fn write_batch(
-        &mut self,
-        frames: &[Frame],
-        stacks: &[Box<[FrameId]>],
-        samples: &[Sample],
-    ) -> io::Result<()> {
+    /// Writes one chunk: the frames and stacks of `profile` not written yet, and `samples`
+    /// (keyed in `profile`). Nothing is written for an empty batch.
+    pub fn write_batch(&mut self, profile: &Profile, samples: &[Sample]) -> io::Result<()> {
+        let (frames, stacks) = (profile.frames(), profile.stacks());
         let (new_frames, new_stacks) = (
             frames.get(self.frames..).unwrap_or_default(),
             stacks.get(self.stacks..).unwrap_or_default(),
@@ -109,7 +108,7 @@ impl<W: Write> SavedWriter<W> {
                 frames: s.iter().map(|f| f.0).collect(),
             })
             .collect();
-        let cols = self.columns(samples)?;
+        let cols = self.columns(profile, samples)?;
         let msg = schema::SavedProfile {
             strings: self.strings.list[first_string..].to_vec(),
             frames: frames_msg,
@@ -124,8 +123,22 @@ impl<W: Write> SavedWriter<W> {
         Ok(())
     }
 
+    /// The string index of the profile's name `id`.
+    fn name(&mut self, profile: &Profile, id: NameId) -> io::Result<u32> {
+        let i = id.0 as usize;
+        if let Some(Some(s)) = self.names.get(i) {
+            return Ok(*s);
+        }
+        let s = self.strings.index(profile.name(id))?;
+        if self.names.len() <= i {
+            self.names.resize(i + 1, None);
+        }
+        self.names[i] = Some(s);
+        Ok(s)
+    }
+
     /// The sample columns of a batch; time deltas start from 0 in every batch.
-    fn columns(&mut self, samples: &[Sample]) -> io::Result<schema::Samples> {
+    fn columns(&mut self, profile: &Profile, samples: &[Sample]) -> io::Result<schema::Samples> {
         let n = samples.len();
         let mut cols = schema::Samples {
             time_delta_ns: Vec::with_capacity(n),
@@ -141,29 +154,30 @@ impl<W: Write> SavedWriter<W> {
         };
         let mut prev = 0u64;
         for s in samples {
+            let k = &s.key;
             cols.time_delta_ns.push(s.time_ns.wrapping_sub(prev) as i64);
             prev = s.time_ns;
             cols.cpu.push(s.cpu);
-            cols.pid.push(s.pid);
-            cols.tid.push(s.tid);
-            cols.comm.push(self.strings.index(&s.comm)?);
-            cols.thread_name.push(self.strings.index(&s.thread_name)?);
-            cols.gil.push(gil_to_wire(s.gil) as i32);
-            cols.stack.push(s.stack.0);
+            cols.pid.push(k.pid);
+            cols.tid.push(k.tid);
+            cols.comm.push(self.name(profile, k.comm)?);
+            cols.thread_name.push(self.name(profile, k.thread)?);
+            cols.gil.push(gil_to_wire(k.gil) as i32);
+            cols.stack.push(k.stack.0);
         }
         if self.weighted {
             cols.state = samples
                 .iter()
-                .map(|s| state_to_wire(s.state) as i32)
+                .map(|s| state_to_wire(s.key.state) as i32)
                 .collect();
             cols.weight = samples.iter().map(|s| s.weight).collect();
         } else if let Some(s) = samples
             .iter()
-            .find(|s| s.weight != 1 || s.state.is_off_cpu())
+            .find(|s| s.weight != 1 || s.key.state.is_off_cpu())
         {
             return Err(io::Error::other(format!(
                 "a {} sample of weight {} in a profile not marked as a wall-clock run",
-                s.state.as_str(),
+                s.key.state.as_str(),
                 s.weight
             )));
         }
@@ -183,15 +197,19 @@ impl<W: Write> SavedWriter<W> {
     }
 }
 
-/// Writes a whole profile: start, batches of [`SAMPLES_PER_CHUNK`] samples, end.
+/// Writes a whole profile: start, batches of [`SAMPLES_PER_CHUNK`] samples, end. The saved
+/// format keeps every sample, so the profile must have kept its timeline (a saved file loaded
+/// with it); `record` streams its samples with [`SavedWriter`] instead.
 pub fn write_profile(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    let samples = profile.timeline().ok_or_else(|| {
+        io::Error::other("the saved format needs every sample, and this profile kept only counts")
+    })?;
     let mut w = SavedWriter::new(out, &profile.meta)?;
-    let samples = profile.samples();
     if samples.is_empty() {
-        w.write_batch(profile.frames(), profile.stacks(), &[])?;
+        w.write_batch(profile, &[])?;
     }
     for batch in samples.chunks(SAMPLES_PER_CHUNK) {
-        w.write_batch(profile.frames(), profile.stacks(), batch)?;
+        w.write_batch(profile, batch)?;
     }
     w.finish(&profile.meta)?;
     Ok(())
@@ -230,11 +248,9 @@ pub(super) fn meta_to_wire(m: &RunMeta) -> schema::RunMeta {
         idle: m.idle,
         errors: m
             .errors
-            .iter()
-            .map(|(kind, &count)| schema::ErrorCount {
-                kind: kind.clone(),
-                count,
-            })
+            .named()
+            .into_iter()
+            .map(|(kind, count)| schema::ErrorCount { kind, count })
             .collect(),
     }
 }

@@ -1,7 +1,8 @@
 //! `pyebpf top`: a live, host-wide (or `-p PID`) view of where CPU time goes, refreshed every
 //! second.
 //!
-//! Owns: the `top` command — its configuration, driving a `record` sampling
+//! Owns: the `top` command — its configuration ([`TopRequest`] from the CLI, validated into a
+//! [`TopConfig`]), driving a `record` sampling
 //! [`Session`](crate::record::session::Session) (same collector, Python stage and stack
 //! builder as `record`), taking the samples of each refresh window out of the profile (so
 //! memory stays bounded on a long run) and the terminal loop: keys, refresh, redraw.
@@ -31,6 +32,8 @@ use view::{Action, Ui};
 
 /// How often the display is refreshed.
 pub const REFRESH: Duration = Duration::from_secs(1);
+/// How often keys are read (and the refresh checked): the session wakes this often for `top`.
+const KEYS_EVERY: Duration = Duration::from_millis(100);
 /// Most input events handled per tick (a flood of input cannot starve sampling).
 const MAX_EVENTS_PER_TICK: usize = 64;
 
@@ -40,7 +43,7 @@ const MAX_EVENTS_PER_TICK: usize = 64;
     clippy::struct_excessive_bools,
     reason = "one field per CLI flag: the request mirrors the command line"
 )]
-pub struct TopConfig {
+pub struct TopRequest {
     /// `-p`: only these processes (empty: the whole host).
     pub pids: Vec<u32>,
     /// Samples per second, per CPU.
@@ -55,15 +58,28 @@ pub struct TopConfig {
     pub idle: bool,
 }
 
-impl TopConfig {
-    /// Checks what a user can get wrong before sampling: a pid that does not exist, a rate
-    /// out of range.
-    pub fn validate(&self) -> Result<(), TopError> {
-        crate::config::check_pids(&self.pids)?;
-        crate::config::check_rate(self.rate_hz)?;
-        Ok(())
-    }
+/// A validated `top` run: the sampling session and the header's mode line.
+#[derive(Clone, Debug)]
+pub struct TopConfig {
+    session: SessionConfig,
+    mode: String,
+}
 
+impl TopConfig {
+    /// Validates a request: what a user can get wrong before sampling (a pid that does not
+    /// exist, a rate out of range) is a one-line error here, as `record`'s
+    /// [`crate::config::RecordConfig::new`].
+    pub fn new(req: &TopRequest) -> Result<Self, TopError> {
+        crate::config::check_pids(&req.pids)?;
+        crate::config::check_rate(req.rate_hz)?;
+        Ok(TopConfig {
+            session: req.session(),
+            mode: req.mode(),
+        })
+    }
+}
+
+impl TopRequest {
     /// The sampling session `top` runs.
     fn session(&self) -> SessionConfig {
         SessionConfig {
@@ -183,7 +199,7 @@ impl App {
         }
         if tick.elapsed >= self.last_refresh + REFRESH {
             // Sampling and counting go on while paused; only the display is frozen.
-            let samples = profile.drain_samples();
+            let samples = profile.take_counts();
             let snap = self.agg.window(
                 profile,
                 &samples,
@@ -209,19 +225,18 @@ impl App {
 /// Runs `top` until `q`, Ctrl-C, SIGINT or SIGTERM.
 pub fn run(cfg: &TopConfig) -> Result<(), TopError> {
     require_terminal()?;
-    cfg.validate()?;
     eprintln!("pyebpf: top: loading the eBPF program...");
-    let mut session = Session::start(cfg.session(), &[])?;
+    let mut session = Session::start(cfg.session.clone(), &[], false)?;
     let mut app = App {
         agg: Aggregator::default(),
-        ui: Ui::new(cfg.mode()),
+        ui: Ui::new(cfg.mode.clone()),
         shown: Snapshot::default(),
         last_refresh: Duration::ZERO,
         drawn: false,
     };
     let mut screen = term::Screen::enter().map_err(TopError::Terminal)?;
     let mut failed = None;
-    session.run(|profile, tick| {
+    session.run(Some(KEYS_EVERY), |profile, _, tick| {
         app.tick(profile, tick, &mut screen).unwrap_or_else(|e| {
             failed = Some(e);
             Flow::Stop

@@ -2,8 +2,8 @@
 //! reset), per function and per process.
 //!
 //! Owns: [`Aggregator`] (the running counts, indexed by the profile's interned frame ids) and
-//! the [`Snapshot`] it hands the view after each window. Input: the samples taken from the
-//! [`Profile`] since the last refresh ([`Profile::drain_samples`]; frames and stacks stay
+//! the [`Snapshot`] it hands the view after each window. Input: the counts taken from the
+//! [`Profile`] since the last refresh ([`Profile::take_counts`]; frames, stacks and names stay
 //! interned, so ids are stable). Output: rows with self ("own") and total counts per function,
 //! and per process the sample count and its hottest Python function.
 //!
@@ -19,7 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::profile::{FileNames, Frame, FrameId, FrameKind, Profile, Sample, ThreadState};
+use crate::profile::{
+    Counts, FileNames, Frame, FrameId, FrameKind, Profile, SampleKey, ThreadState,
+};
 
 /// A process that has not been sampled for this long leaves the process view.
 pub const PROC_LINGER: Duration = Duration::from_secs(30);
@@ -258,10 +260,17 @@ impl Aggregator {
             .clone()
     }
 
-    /// Counts one sample (the `mark`-th of its window) into the window and the totals, by its
-    /// weight. The state frame that ends an off-CPU stack is no row: its function is.
-    fn count(&mut self, profile: &Profile, s: &Sample, mark: u32, w: &mut WindowCounts) {
-        let weight = u64::from(s.weight);
+    /// Counts the samples of one key (the `mark`-th of its window) into the window and the
+    /// totals, by their weight. The state frame that ends an off-CPU stack is no row: its
+    /// function is.
+    fn count(
+        &mut self,
+        profile: &Profile,
+        (s, c): &(SampleKey, Counts),
+        mark: u32,
+        w: &mut WindowCounts,
+    ) {
+        let weight = c.weight;
         let full = profile.stack(s.stack);
         let stack = match full.split_last() {
             Some((last, rest)) if profile.frame(*last).kind == FrameKind::State => rest,
@@ -300,16 +309,17 @@ impl Aggregator {
             *w.innermost_py.entry((s.pid, *py)).or_default() += weight;
         }
         *w.per_proc.entry(s.pid).or_default() += weight;
+        let comm = profile.comm(s);
         let p = self.procs.entry(s.pid).or_insert_with(|| ProcAcc {
-            comm: s.comm.clone(),
+            comm: comm.clone(),
             samples_acc: 0,
             last_seen: w.end,
             hottest: None,
         });
         p.samples_acc += weight;
         p.last_seen = w.end;
-        if p.comm != s.comm {
-            p.comm = s.comm.clone();
+        if p.comm != *comm {
+            p.comm = comm.clone();
         }
     }
 
@@ -367,13 +377,13 @@ impl Aggregator {
         (funcs, procs)
     }
 
-    /// Adds one window of samples (taken from `profile`, whose frames they refer to and whose
-    /// metadata gives the rate) that lasted `window` and ended `elapsed` after the start;
+    /// Adds one window of counts (taken from `profile`, whose frames and names they refer to and
+    /// whose metadata gives the rate) that lasted `window` and ended `elapsed` after the start;
     /// returns what to show.
     pub fn window(
         &mut self,
         profile: &Profile,
-        samples: &[Sample],
+        samples: &[(SampleKey, Counts)],
         window: Duration,
         elapsed: Duration,
         lost_samples: u64,
@@ -394,7 +404,7 @@ impl Aggregator {
         Snapshot {
             elapsed,
             window,
-            samples: samples.iter().map(|s| u64::from(s.weight)).sum(),
+            samples: samples.iter().map(|(_, c)| c.weight).sum(),
             lost_samples,
             python_procs,
             rate_hz: profile.meta.rate_hz,

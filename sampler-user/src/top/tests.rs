@@ -10,7 +10,7 @@ use super::model::{Aggregator, Label, PROC_LINGER, Snapshot, clean};
 use super::view::{
     self, Action, Style, Ui, View, fit_label, render, sort_funcs, sort_procs, truncate, width_of,
 };
-use crate::profile::{Frame, FrameKind, GilState, Profile, RunMeta, Sample};
+use crate::profile::{Frame, FrameKind, GilState, NamedSample, Profile, RunMeta};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -39,7 +39,7 @@ fn add(p: &mut Profile, pid: u32, comm: &str, frames: &[Frame], n: usize) {
     ids.extend(frames.iter().map(|f| p.intern_frame(f.clone())));
     let stack = p.intern_stack(&ids);
     for _ in 0..n {
-        p.add_sample(Sample {
+        p.add_sample(NamedSample {
             stack,
             time_ns: 0,
             pid,
@@ -56,7 +56,7 @@ fn add(p: &mut Profile, pid: u32, comm: &str, frames: &[Frame], n: usize) {
 
 /// One window of everything in `p`, `len` long, ending at `at`.
 fn window(agg: &mut Aggregator, p: &mut Profile, len: Duration, at: Duration) -> Snapshot {
-    let samples = p.drain_samples();
+    let samples = p.take_counts();
     agg.window(p, &samples, len, at, 7)
 }
 
@@ -339,7 +339,7 @@ fn idle_rows_count_weights_and_show_states() {
         (running, ThreadState::OnCpu, 1),
         (running, ThreadState::OnCpu, 1),
     ] {
-        p.add_sample(Sample {
+        p.add_sample(NamedSample {
             stack,
             time_ns: 0,
             pid: 1,

@@ -26,14 +26,15 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Module, Unwinder as _};
 use sampler_common::UserRegs;
 
+use crate::lru::Lru;
 use crate::procs::{Process, ProcessRegistry};
 use modules::{MappingKey, ModuleBuilder, SectionBytes};
 
 /// Default frame cap.
 pub const DEFAULT_MAX_FRAMES: usize = 256;
-/// Most processes with a module list; the least recently used half is dropped beyond this
-/// (a host-wide run sees many short-lived processes, and `forget_process` may not be called
-/// for every one of them).
+/// Most processes with a module list; an [`Lru`] drops the least recently used beyond this (a
+/// host-wide run sees many short-lived processes, and `forget_process` may not be called for
+/// every one of them).
 const MAX_PROCS: usize = 4096;
 
 /// Read access to a copied user stack (implemented by `collect::StackCopy`).
@@ -121,16 +122,57 @@ pub enum UnwindError {
     },
 }
 
-impl UnwindError {
+/// The kinds of [`UnwindError`], as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnwindFailure {
+    /// [`UnwindError::ProcessGone`].
+    ProcessGone,
+    /// [`UnwindError::NoInstructionPointer`].
+    NoInstructionPointer,
+    /// [`UnwindError::StackRead`].
+    StackRead,
+    /// [`UnwindError::UnmappedAddress`].
+    UnmappedAddress,
+    /// [`UnwindError::Framehop`].
+    Framehop,
+    /// [`UnwindError::TooDeep`].
+    TooDeep,
+}
+
+impl UnwindFailure {
+    /// Every kind.
+    pub const ALL: [UnwindFailure; 6] = [
+        Self::ProcessGone,
+        Self::NoInstructionPointer,
+        Self::StackRead,
+        Self::UnmappedAddress,
+        Self::Framehop,
+        Self::TooDeep,
+    ];
+
     /// Short stable name for counters.
-    pub fn kind(&self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
-            Self::ProcessGone { .. } => "unwind_process_gone",
-            Self::NoInstructionPointer { .. } => "unwind_no_ip",
-            Self::StackRead { .. } => "unwind_stack_read",
-            Self::UnmappedAddress { .. } => "unwind_unmapped_address",
-            Self::Framehop { .. } => "unwind_framehop",
-            Self::TooDeep { .. } => "unwind_too_deep",
+            Self::ProcessGone => "unwind_process_gone",
+            Self::NoInstructionPointer => "unwind_no_ip",
+            Self::StackRead => "unwind_stack_read",
+            Self::UnmappedAddress => "unwind_unmapped_address",
+            Self::Framehop => "unwind_framehop",
+            Self::TooDeep => "unwind_too_deep",
+        }
+    }
+}
+
+impl UnwindError {
+    /// Its kind, as counted.
+    pub fn kind(&self) -> UnwindFailure {
+        match self {
+            Self::ProcessGone { .. } => UnwindFailure::ProcessGone,
+            Self::NoInstructionPointer { .. } => UnwindFailure::NoInstructionPointer,
+            Self::StackRead { .. } => UnwindFailure::StackRead,
+            Self::UnmappedAddress { .. } => UnwindFailure::UnmappedAddress,
+            Self::Framehop { .. } => UnwindFailure::Framehop,
+            Self::TooDeep { .. } => UnwindFailure::TooDeep,
         }
     }
 }
@@ -168,8 +210,6 @@ struct ProcState {
     modules: HashMap<MappingKey, Module<SectionBytes>>,
     /// Sorted, executable mapping ranges (file-backed or not).
     exec_ranges: Vec<(u64, u64)>,
-    /// Value of the unwind counter when last used, for eviction.
-    last_used: u64,
 }
 
 impl ProcState {
@@ -183,7 +223,7 @@ impl ProcState {
 pub struct NativeUnwinder {
     builder: ModuleBuilder,
     cache: CacheX86_64,
-    procs: HashMap<u32, ProcState>,
+    procs: Lru<u32, ProcState>,
     stats: UnwindStats,
 }
 
@@ -205,7 +245,7 @@ impl NativeUnwinder {
         Self {
             builder: ModuleBuilder::default(),
             cache: CacheX86_64::new(),
-            procs: HashMap::new(),
+            procs: Lru::new(MAX_PROCS),
             stats: UnwindStats::default(),
         }
     }
@@ -288,9 +328,6 @@ impl NativeUnwinder {
         {
             return;
         }
-        if self.procs.len() >= MAX_PROCS {
-            self.evict_half();
-        }
         self.stats.module_rebuilds += 1;
         let previous = self
             .procs
@@ -318,17 +355,8 @@ impl NativeUnwinder {
                 unwinder,
                 modules,
                 exec_ranges,
-                last_used: self.stats.unwinds,
             },
         );
-    }
-
-    /// Drop the least recently used half of the per-process states.
-    fn evict_half(&mut self) {
-        let mut used: Vec<u64> = self.procs.values().map(|s| s.last_used).collect();
-        used.sort_unstable();
-        let cut = used[used.len() / 2];
-        self.procs.retain(|_, s| s.last_used > cut);
     }
 
     fn walk(
@@ -345,7 +373,6 @@ impl NativeUnwinder {
         let Some(state) = self.procs.get_mut(&pid) else {
             return out;
         };
-        state.last_used = self.stats.unwinds;
         let state = &*state;
         let base = stack.base();
         let bytes = stack.bytes();

@@ -71,17 +71,19 @@ fn per_process_state_is_bounded() {
                 unwinder: UnwinderX86_64::new(),
                 modules: HashMap::new(),
                 exec_ranges: Vec::new(),
-                last_used: 0,
             },
         );
     }
-    // Our own state was used last.
-    u.stats.unwinds = 1;
-    u.procs.get_mut(&pid).unwrap().last_used = 1;
-    u.forget_process(pid);
+    // Our own state, the least recently used, was evicted for the last fake one.
+    assert_eq!(u.procs.len(), MAX_PROCS);
+    assert!(!u.procs.contains(&pid));
     u.ensure_state(reg.get(pid).unwrap());
-    assert!(u.procs.len() <= MAX_PROCS / 2 + 1, "{}", u.procs.len());
-    assert!(u.procs.contains_key(&pid));
+    assert_eq!(u.procs.len(), MAX_PROCS, "bounded");
+    assert!(u.procs.contains(&pid));
+    assert!(
+        !u.procs.contains(&1_000_000),
+        "the oldest fake state made room"
+    );
 }
 
 #[test]
@@ -98,7 +100,7 @@ fn gone_process_and_missing_ip() {
     assert!(s.truncated);
     assert_eq!(
         s.error.as_ref().map(UnwindError::kind),
-        Some("unwind_process_gone")
+        Some(crate::unwind::UnwindFailure::ProcessGone)
     );
     let s = u.unwind(
         &mut reg,

@@ -2,14 +2,17 @@
 //! excluded; on 3.12 only the thread holding the GIL is sampled, not one spinning in C with the
 //! GIL released), and `PYEBPF_STATS=1` reports the eBPF program's cost.
 
-use super::support::{OutDir, Recording, Workload, record, setup, show, total};
+use super::support::{OutDir, Recording, Workload, record, record_for_cpu, setup, show, total};
 
 /// Fewest samples of a spinning thread in 3 s that we accept.
 const MIN_SAMPLES: u64 = 30;
-/// The hashing thread's samples in the control run: it must be seen on CPU without the GIL at
-/// all (it re-acquires the GIL between buffers, and on a loaded 2-core machine often waits for
-/// it, so its share varies a lot: 8 % to 50 % seen), so that `--gil` removing it means something.
-const MIN_CONTROL_HASH_SAMPLES: u64 = 10;
+/// The hashing thread's samples in the control run: it must be seen on CPU without the GIL, so
+/// that `--gil` removing it means something. The control run lasts until both threads have had
+/// [`CPU_SECS`] of CPU time: the count no longer depends on how loaded the machine is (with a
+/// fixed 3 s, a loaded 2-core machine left a thread ~0.1 s of CPU: 8 to 50 % of its samples).
+const MIN_CONTROL_HASH_SAMPLES: u64 = 30;
+/// CPU seconds each busy thread gets while sampled (~50 samples at 99 Hz).
+const CPU_SECS: f64 = 0.5;
 
 /// Acceptance 5a: `--gil` with a 3.13t target whose GIL is disabled → the message, once, and no
 /// samples of it; a 3.12 target recorded alongside keeps its samples.
@@ -88,10 +91,13 @@ fn gil_keeps_only_the_holder(name: &str, env: &[(&str, &str)]) {
     let pid = w.pid.to_string();
     let dir = OutDir::new(&format!("gil-{name}"));
 
-    let control = record(
-        &["-p", &pid, "-t", "-f", "collapsed", "-d", "3"],
+    let (spin, hash) = (w.tid("py-spin"), w.tid("c-hash"));
+    let control = record_for_cpu(
+        &["-p", &pid, "-t", "-f", "collapsed"],
         &dir.join("control.txt"),
         &[],
+        &[(w.pid, spin), (w.pid, hash)],
+        CPU_SECS,
     );
     let (py, c, all) = split(&control, &w);
     assert!(
@@ -102,10 +108,12 @@ fn gil_keeps_only_the_holder(name: &str, env: &[(&str, &str)]) {
         show(&control.of_pid(w.pid), 10)
     );
 
-    let rec = record(
-        &["-p", &pid, "-t", "--gil", "-f", "collapsed", "-d", "3"],
+    let rec = record_for_cpu(
+        &["-p", &pid, "-t", "--gil", "-f", "collapsed"],
         &dir.join("gil.txt"),
         &[],
+        &[(w.pid, spin)],
+        CPU_SECS,
     );
     let (py, c, all) = split(&rec, &w);
     eprintln!("--gil {name} {env:?}: py-spin {py}, c-hash {c} of {all} samples");

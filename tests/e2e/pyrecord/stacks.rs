@@ -11,13 +11,14 @@ use super::support::{
 /// The thread of `rec_deep.py` that spins at depth 20.
 const DEEP_THREAD: &str = "deep20";
 
-/// Seconds of recording per test.
-const SECONDS: &str = "3";
+/// CPU seconds the spinning thread gets while sampled (~50 samples at 99 Hz): runs last that
+/// long, not a fixed wall-clock time, so the counts do not depend on the machine's load.
+const CPU_SECS: f64 = 0.5;
 
-/// Fewest samples of a spinning thread in `SECONDS` s that we accept (99 Hz on a loaded machine).
+/// Fewest samples of a spinning thread that we accept.
 const MIN_SAMPLES: u64 = 30;
 
-/// Fewest samples of each of four busy threads sharing two cores, in 5 s.
+/// Fewest samples of each of four busy threads sharing two cores.
 const MIN_SAMPLES_OF_FOUR: u64 = 15;
 
 /// The Python part of a sample of a thread (everything under `comm (pid);name (tid)`).
@@ -104,10 +105,12 @@ pub(super) fn deep_stack_with(name: &str, env: &[(&str, &str)]) -> Option<Record
     );
     let dir = OutDir::new(&format!("deep-{name}"));
     let pid = w.pid.to_string();
-    let rec = super::support::record(
-        &["-p", &pid, "-t", "-f", "collapsed", "-d", SECONDS],
+    let rec = super::support::record_for_cpu(
+        &["-p", &pid, "-t", "-f", "collapsed"],
         &dir.join("deep.txt"),
         env,
+        &[(w.pid, tid)],
+        CPU_SECS,
     );
     check_thread(
         &rec,
@@ -210,11 +213,15 @@ fn free_threaded_four_threads_show_only_their_own_function_3_13t() {
         .collect();
     let dir = OutDir::new("threads4");
     let pid = w.pid.to_string();
-    // Four busy threads share two cores with the rest of the machine: record a little longer.
-    let rec = super::support::record(
-        &["-p", &pid, "-t", "-f", "collapsed", "-d", "5"],
+    // Four busy threads share two cores with the rest of the machine: until each had 0.3 s
+    // of CPU (~30 samples).
+    let busy: Vec<(u32, u32)> = threads.iter().map(|t| (w.pid, t.1)).collect();
+    let rec = super::support::record_for_cpu(
+        &["-p", &pid, "-t", "-f", "collapsed"],
         &dir.join("threads4.txt"),
         &[],
+        &busy,
+        0.3,
     );
     for (i, (name, tid, expected)) in threads.iter().enumerate() {
         let mine = rec.of_thread(w.pid, *tid);

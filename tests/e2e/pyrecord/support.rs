@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{Guard, Interpreter, pyebpf, run, text, workload};
+use crate::common::{Cpu, Guard, Interpreter, Recorder, pyebpf, run, text, wait_cpu, workload};
 
 /// How long a workload may take to become ready (a 2-core machine busy with other tests).
 pub const READY_TIMEOUT: Duration = Duration::from_mins(6);
@@ -475,6 +475,40 @@ pub fn record(args: &[&str], out: &Path, env: &[(&str, &str)]) -> Recording {
     let mut cmd = record_command(args, out, env);
     let o = run(&mut cmd);
     finish(&o, args, out)
+}
+
+/// `record ARGS` (without `-d`; `env` for it) stopped by SIGINT once each of the threads `busy` ((pid, tid))
+/// has used `secs` of CPU time since sampling began (at most 60 s): a sample count then
+/// measures the sampler, not how loaded the machine is (at 99 Hz a thread is sampled about
+/// 99 times per second of its CPU time).
+pub fn record_for_cpu(
+    args: &[&str],
+    out: &Path,
+    env: &[(&str, &str)],
+    busy: &[(u32, u32)],
+    secs: f64,
+) -> Recording {
+    let mut all = args.to_vec();
+    all.extend(["-d", "120"]);
+    let rec = Recorder::start(record_command(&all, out, env));
+    let cpus: Vec<Cpu> = busy.iter().map(|&(p, t)| Cpu::thread(p, t)).collect();
+    let want: Vec<(&Cpu, f64)> = cpus.iter().map(|c| (c, secs)).collect();
+    let used = wait_cpu(&want, Duration::from_mins(1));
+    rec.signal(libc::SIGINT);
+    let (status, stderr) = rec.finish();
+    let what = format!(
+        "pyebpf record -o {} {}, stopped after {used:.2?} s of CPU of {busy:?}",
+        out.display(),
+        args.join(" ")
+    );
+    assert!(status.success(), "`{what}` failed ({status}):\n{stderr}");
+    let body = std::fs::read_to_string(out)
+        .unwrap_or_else(|e| panic!("`{what}`: cannot read {}: {e}\n{stderr}", out.display()));
+    Recording {
+        samples: parse_folded(&body),
+        stderr,
+        what,
+    }
 }
 
 /// The `record` command (not started), with whole file names: these tests compare stacks with

@@ -9,9 +9,6 @@
 //!   entry in every format; `--full-filenames` in `record`, `report` and `script`.
 //! - `all_names_skipped_processes`: `record --all` names unsupported interpreters (3.7, 2.7) by
 //!   pid, name and reason.
-//! - `threads_of_a_thread_per_request_server_are_named`: `record --threads` of the Django app
-//!   under `ab -c 4`: the request threads' samples under their `threading` names, the error
-//!   counts a small share of the samples.
 //! - `dump_under_load_shows_the_running_stack`: a Django app (thread per request) under `ab -c
 //!   4`: in 20 dumps (no pause) every thread holding the GIL shows its whole stack, down to its
 //!   thread's bootstrap or the module, never torn, truncated or empty.
@@ -320,58 +317,6 @@ fn django_under_load() -> Option<(Workload, Guard)> {
     );
     std::thread::sleep(Duration::from_secs(1));
     Some((app, load))
-}
-
-#[test]
-fn threads_of_a_thread_per_request_server_are_named() {
-    let Some((app, _load)) = django_under_load() else {
-        return;
-    };
-    let dir = OutDir::new("threads");
-    let txt = dir.join("t.txt");
-    let o = run(pyebpf(&["record", "-t", "-p", &app.pid.to_string(), "-d", "5", "-o"]).arg(&txt));
-    let err = text(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    let folded = parse_folded(&std::fs::read_to_string(&txt).unwrap());
-    let (mut total, mut named) = (0u64, 0u64);
-    let mut unnamed = Vec::new();
-    for s in folded
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.contains(".py:")))
-    {
-        total += s.count;
-        let thread = &s.frames[1];
-        if thread.starts_with("MainThread (") || thread.contains("(process_request_thread) (") {
-            named += s.count;
-        } else {
-            unnamed.push(format!("{thread} {}", s.count));
-        }
-    }
-    assert!(
-        total >= 100,
-        "only {total} samples with Python frames:\n{err}"
-    );
-    eprintln!("{named} of {total} samples under their threads' names");
-    assert!(
-        named * 100 >= total * 95,
-        "{named} of {total} samples under their threads' names; the others:\n{}",
-        unnamed.join("\n")
-    );
-    // Errors are counted in samples: thread-state churn must not add up to more than a
-    // small share of them.
-    let errors: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("pyebpf: errors: "))
-        .filter(|l| *l != "none")
-        .map_or(0, |l| {
-            l.split(", ")
-                .filter_map(|kv| kv.rsplit_once(' ')?.1.parse::<u64>().ok())
-                .sum()
-        });
-    assert!(
-        errors * 100 <= total * 2,
-        "{errors} errors for {total} samples:\n{err}"
-    );
 }
 
 #[test]

@@ -5,23 +5,28 @@
 //! maps libpython only after ld.so ran, so it is retried on a schedule for ~2 s) — and the
 //! writes to `PY_PROCS` ([`PyProcSink`]): insert on attach, remove on exit and exec.
 //! Input: pids from the initial targets (`--all` scan, `-p`), process events (exec, exit,
-//! fork) and the first sample of an unknown pid. Output: `&mut PyProc` for resolution, and the
-//! stats of every Python process seen, at the end.
-//! Constraints: attaches run on the [`AttachQueue`]'s worker (a slow "not Python" verdict must
+//! fork), the first sample of an unknown pid, and attach results ([`Tracker::accept`]: the
+//! workers deliver them to the stage's input, which wakes it). Output: `&mut PyProc` for
+//! resolution, and the stats of every Python process seen, at the end.
+//! Constraints: attaches run on the [`AttachQueue`]'s workers (a slow "not Python" verdict must
 //! not hold back resolution); results are matched to requests by id, so an exit or exec in
 //! between discards a stale one. Attach failures are counted by kind, never fatal; an exited
 //! process keeps its caches for [`EXIT_GRACE`] (samples taken before the exit are still
-//! arriving), then only its stats remain; the negative cache is bounded.
+//! arriving), then only its stats remain. Nothing here polls: retries and exit graces are kept
+//! in time order, and [`Tracker::next_due`] tells the stage when to wake for them; the negative
+//! cache is bounded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use sampler_common::PyProcInfo;
 
+use crate::failure::{AttachFailure, PyFailure};
+use crate::lru::Lru;
 use crate::python::PyError;
 
-use super::pyattach::{AttachQueue, Ready, Request};
-use super::pyproc::{PyProc, PyProcStats};
+use super::attach::{AttachQueue, Attached, Ready, Request};
+use super::process::{PyProc, PyProcStats};
 
 /// How long an exited process's caches are kept.
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -36,7 +41,7 @@ const RETRY_AFTER_EXEC: [Duration; 8] = [
     Duration::from_millis(1200),
     Duration::from_secs(2),
 ];
-/// Most pids remembered as "not Python" (cleared when full).
+/// Most pids remembered as "not Python".
 const MAX_NEGATIVE: usize = 1 << 16;
 /// Most finished (exited) Python processes whose stats are kept one by one.
 const MAX_FINISHED: usize = 4096;
@@ -58,36 +63,44 @@ impl PyProcSink for crate::collect::PythonProcMap {
     }
 }
 
-/// A pid that is not (or not yet) Python.
-struct Negative {
-    /// After an exec: the exec time and the index of the next retry in [`RETRY_AFTER_EXEC`].
-    retry: Option<(Instant, usize)>,
-}
-
 /// An attach in flight.
 struct Pending {
     id: u64,
+    /// After an exec: the exec time and the index of this attempt in [`RETRY_AFTER_EXEC`].
     retry: Option<(Instant, usize)>,
     promoted: bool,
 }
 
+/// A retry after an exec, due at `due`.
+#[derive(Clone, Copy)]
+struct Retry {
+    due: Instant,
+    pid: u32,
+    exec: Instant,
+    index: usize,
+}
+
 /// The Python processes of a run.
 pub struct Tracker {
-    /// `None` until the collector is loaded; attach results wait until then.
+    /// `None` until the collector is loaded (the session takes no attach result before).
     sink: Option<Box<dyn PyProcSink + Send>>,
     /// `--idle`: the kernel's `OFFCPU` map, seeded for the threads of each process attached.
     offcpu: Option<crate::collect::OffCpuMap>,
-    native: bool,
     queue: AttachQueue,
     next_id: u64,
     pending: HashMap<u32, Pending>,
     procs: HashMap<u32, PyProc>,
-    negative: HashMap<u32, Negative>,
+    /// "Not Python" verdicts.
+    negative: Lru<u32, ()>,
+    /// Retries after an exec, earliest first.
+    retries: Vec<Retry>,
+    /// Exited processes, in exit order: dropped [`EXIT_GRACE`] after.
+    exits: VecDeque<(Instant, u32)>,
     finished: Vec<(u32, PyProcStats)>,
     /// Stats of finished processes beyond [`MAX_FINISHED`], summed.
     finished_overflow: PyProcStats,
     /// Attach failures other than "not Python", by kind.
-    pub attach_errors: BTreeMap<&'static str, u64>,
+    pub attach_errors: BTreeMap<AttachFailure, u64>,
     /// The last such failure of each pid: its name then, and why (bounded).
     failures: HashMap<u32, (String, String)>,
 }
@@ -103,33 +116,35 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// The kind name of an attach failure, `None` for a plain "not Python".
-fn attach_error_kind(e: &PyError) -> Option<&'static str> {
+/// The kind of an attach failure, `None` for a plain "not Python".
+fn attach_failure(e: &PyError) -> Option<AttachFailure> {
     match e {
         PyError::NotPython { .. } => None,
-        PyError::Unsupported { .. } => Some("python_unsupported"),
-        PyError::NotRecognised { .. } => Some("python_layout_not_recognised"),
-        PyError::PermissionDenied { .. } => Some("python_attach_permission"),
-        PyError::ProcessGone { .. } => Some("python_attach_gone"),
-        PyError::Memory { .. } => Some("python_attach_memory"),
-        PyError::Invalid { .. } => Some("python_attach_invalid"),
-        PyError::Io { .. } => Some("python_attach_io"),
+        PyError::Unsupported { .. } => Some(AttachFailure::Unsupported),
+        PyError::NotRecognised { .. } => Some(AttachFailure::LayoutNotRecognised),
+        PyError::PermissionDenied { .. } => Some(AttachFailure::Permission),
+        PyError::ProcessGone { .. } => Some(AttachFailure::Gone),
+        PyError::Memory { .. } => Some(AttachFailure::Memory),
+        PyError::Invalid { .. } => Some(AttachFailure::Invalid),
+        PyError::Io { .. } => Some(AttachFailure::Io),
     }
 }
 
 impl Tracker {
-    /// A tracker; `native`: compute eval-loop ranges. Attaches can be queued at once (they run
-    /// while the eBPF object loads); results are taken once [`Self::set_sink`] was called.
-    pub fn new(native: bool) -> Self {
+    /// A tracker whose attach workers hand each result to `deliver` (which must bring it back
+    /// to [`Self::accept`]). Attaches can be queued at once (they run while the eBPF object
+    /// loads); results are taken once [`Self::set_sink`] was called.
+    pub fn new(deliver: impl Fn(Attached) -> bool + Send + Sync + 'static) -> Self {
         Tracker {
             sink: None,
             offcpu: None,
-            native,
-            queue: AttachQueue::start(native),
+            queue: AttachQueue::start(deliver),
             next_id: 0,
             pending: HashMap::new(),
             procs: HashMap::new(),
-            negative: HashMap::new(),
+            negative: Lru::new(MAX_NEGATIVE),
+            retries: Vec::new(),
+            exits: VecDeque::new(),
             finished: Vec::new(),
             finished_overflow: PyProcStats::default(),
             attach_errors: BTreeMap::new(),
@@ -152,16 +167,9 @@ impl Tracker {
         self.offcpu.as_ref()
     }
 
-    /// Waits (at most `timeout`) until no attach of `pids` is in flight.
-    pub fn wait_for(&mut self, pids: &[u32], timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.tick(Instant::now());
-            if !pids.iter().any(|p| self.pending.contains_key(p)) || Instant::now() >= deadline {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    /// Whether an attach of one of `pids` is in flight.
+    pub fn attaching(&self, pids: &[u32]) -> bool {
+        pids.iter().any(|p| self.pending.contains_key(p))
     }
 
     /// Why the attach of these pids failed, for those that are not plainly "not Python".
@@ -202,16 +210,26 @@ impl Tracker {
                     p.promoted = true;
                     self.queue.promote(pid);
                 }
-            } else if !self.negative.contains_key(&pid) {
+            } else if !self.negative.contains(&pid) {
                 self.request(pid, None, true);
             }
         }
         self.procs.get_mut(&pid)
     }
 
+    /// The attached process `pid`, if it is one (no attach is queued).
+    pub fn peek(&self, pid: u32) -> Option<&PyProc> {
+        self.procs.get(&pid)
+    }
+
+    /// The attached process `pid`, mutable, if it is one (no attach is queued).
+    pub fn peek_mut(&mut self, pid: u32) -> Option<&mut PyProc> {
+        self.procs.get_mut(&pid)
+    }
+
     fn request(&mut self, pid: u32, retry: Option<(Instant, usize)>, urgent: bool) {
         if pid == 0 || pid == std::process::id() {
-            self.remember_negative(pid, None);
+            self.negative.insert(pid, ());
             return;
         }
         self.next_id += 1;
@@ -227,47 +245,25 @@ impl Tracker {
         self.queue.submit(Request { pid, id }, urgent);
     }
 
-    /// Takes an attach result: announce the process, or remember the verdict.
-    fn accept(
-        &mut self,
-        pid: u32,
-        retry: Option<(Instant, usize)>,
-        result: Result<Box<Ready>, PyError>,
-    ) {
-        match result {
-            Ok(ready) => {
-                let Ready {
-                    process,
-                    info,
-                    eval,
-                    comm,
-                } = *ready;
-                let mut p = PyProc::new(process, comm, eval.as_ref().map(|(r, _)| r.clone()));
-                match eval {
-                    None if self.native => p.stats.count("eval_ranges_missing"),
-                    Some((_, true)) => p.stats.count("eval_ranges_incomplete"),
-                    _ => {}
-                }
-                let inserted = match self.sink.as_mut() {
-                    Some(sink) => sink.insert(pid, &info),
-                    None => Err("no PY_PROCS map".to_string()),
-                };
-                if let Err(e) = inserted {
-                    tracing::debug!("pid {pid}: PY_PROCS insert failed: {e}");
-                    p.stats.count("py_procs_insert");
-                } else if let Some(map) = self.offcpu.as_mut()
-                    && let Err(e) = super::idle::seed_process(map, pid, &mut p)
-                {
-                    tracing::debug!("pid {pid}: threads off a CPU not seeded: {e}");
-                    p.stats.count("offcpu_seed");
-                }
-                self.negative.remove(&pid);
-                self.procs.insert(pid, p);
-            }
+    /// Takes an attach result (stale ones — the pid exited, exec'd or forked since the
+    /// request — are dropped): announce the process, or remember the verdict.
+    pub fn accept(&mut self, a: Attached) {
+        let pid = a.req.pid;
+        if self.pending.get(&pid).is_none_or(|p| p.id != a.req.id) {
+            return;
+        }
+        let Some(p) = self.pending.remove(&pid) else {
+            return;
+        };
+        match a.result {
+            Ok(ready) => self.attached(pid, *ready),
             Err(e) => {
-                let next = retry.filter(|(_, i)| *i < RETRY_AFTER_EXEC.len());
+                let next = p
+                    .retry
+                    .map(|(exec, i)| (exec, i + 1))
+                    .filter(|(_, i)| *i < RETRY_AFTER_EXEC.len());
                 // "Not Python yet" after an exec is expected; only the final verdict counts.
-                if let Some(kind) = attach_error_kind(&e)
+                if let Some(kind) = attach_failure(&e)
                     && next.is_none()
                 {
                     *self.attach_errors.entry(kind).or_default() += 1;
@@ -286,18 +282,51 @@ impl Tracker {
                 }
                 if matches!(e, PyError::ProcessGone { .. }) {
                     self.negative.remove(&pid);
+                } else if let Some((exec, index)) = next {
+                    self.schedule_retry(pid, exec, index);
                 } else {
-                    self.remember_negative(pid, next);
+                    self.negative.insert(pid, ());
                 }
             }
         }
     }
 
-    fn remember_negative(&mut self, pid: u32, retry: Option<(Instant, usize)>) {
-        if self.negative.len() >= MAX_NEGATIVE {
-            self.negative.clear();
+    fn attached(&mut self, pid: u32, ready: Ready) {
+        let Ready {
+            process,
+            info,
+            comm,
+        } = ready;
+        let mut p = PyProc::new(process, comm);
+        let inserted = match self.sink.as_mut() {
+            Some(sink) => sink.insert(pid, &info),
+            None => Err("no PY_PROCS map".to_string()),
+        };
+        if let Err(e) = inserted {
+            tracing::debug!("pid {pid}: PY_PROCS insert failed: {e}");
+            p.stats.count(PyFailure::PyProcsInsert);
+        } else if let Some(map) = self.offcpu.as_mut()
+            && let Err(e) = crate::record::idle::seed_process(map, pid, &mut p)
+        {
+            tracing::debug!("pid {pid}: threads off a CPU not seeded: {e}");
+            p.stats.count(PyFailure::OffCpuSeed);
         }
-        self.negative.insert(pid, Negative { retry });
+        self.negative.remove(&pid);
+        self.procs.insert(pid, p);
+    }
+
+    fn schedule_retry(&mut self, pid: u32, exec: Instant, index: usize) {
+        let due = exec + RETRY_AFTER_EXEC[index];
+        let at = self.retries.partition_point(|r| r.due <= due);
+        self.retries.insert(
+            at,
+            Retry {
+                due,
+                pid,
+                exec,
+                index,
+            },
+        );
     }
 
     /// Forgets everything about `pid` but its stats (an exec, fork or exit happened).
@@ -305,6 +334,7 @@ impl Tracker {
         self.drop_proc(pid, true);
         self.negative.remove(&pid);
         self.pending.remove(&pid);
+        self.retries.retain(|r| r.pid != pid);
     }
 
     /// `pid` replaced its image: forget what it was, attach again (with retries).
@@ -323,8 +353,13 @@ impl Tracker {
     pub fn on_exit(&mut self, pid: u32) {
         self.negative.remove(&pid);
         self.pending.remove(&pid);
-        if let Some(p) = self.procs.get_mut(&pid) {
-            p.exited_at.get_or_insert_with(Instant::now);
+        self.retries.retain(|r| r.pid != pid);
+        if let Some(p) = self.procs.get_mut(&pid)
+            && p.exited_at.is_none()
+        {
+            let now = Instant::now();
+            p.exited_at = Some(now);
+            self.exits.push_back((now, pid));
             if let Some(sink) = self.sink.as_mut() {
                 sink.remove(pid);
             }
@@ -345,54 +380,43 @@ impl Tracker {
         if self.finished.len() < MAX_FINISHED {
             self.finished.push((pid, p.stats));
         } else {
-            merge_stats(&mut self.finished_overflow, &p.stats);
+            self.finished_overflow.merge(&p.stats);
         }
     }
 
-    /// Periodic work: attach results, due retries after exec, exited processes after the grace.
-    pub fn tick(&mut self, now: Instant) {
-        if self.sink.is_none() {
-            return;
+    /// When [`Self::tick`] has work: the next retry after an exec or the end of an exit's
+    /// grace.
+    pub fn next_due(&self) -> Option<Instant> {
+        let retry = self.retries.first().map(|r| r.due);
+        let exit = self.exits.front().map(|(t, _)| *t + EXIT_GRACE);
+        match (retry, exit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        let results: Vec<_> = self.queue.results().collect();
-        for a in results {
-            let pid = a.req.pid;
-            // Stale when the pid exited, exec'd or forked since the request.
-            if self.pending.get(&pid).is_some_and(|p| p.id == a.req.id)
-                && let Some(p) = self.pending.remove(&pid)
-            {
-                self.accept(pid, p.retry, a.result);
+    }
+
+    /// The work due at `now`: retries after exec, exited processes after the grace.
+    pub fn tick(&mut self, now: Instant) {
+        let due = self.retries.partition_point(|r| r.due <= now);
+        for r in self.retries.drain(..due).collect::<Vec<_>>() {
+            self.request(r.pid, Some((r.exec, r.index)), true);
+        }
+        while let Some(&(t, pid)) = self.exits.front() {
+            if now.duration_since(t) < EXIT_GRACE {
+                break;
+            }
+            self.exits.pop_front();
+            // Not when it was replaced since (the pid exec'd or was reused).
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at == Some(t)) {
+                self.drop_proc(pid, false);
             }
         }
-        let due: Vec<(u32, Instant, usize)> = self
-            .negative
-            .iter()
-            .filter_map(|(pid, n)| {
-                let (exec, i) = n.retry?;
-                (now >= exec + RETRY_AFTER_EXEC[i]).then_some((*pid, exec, i))
-            })
-            .collect();
-        for (pid, exec, i) in due {
-            self.negative.remove(&pid);
-            self.request(pid, Some((exec, i + 1)), true);
-        }
-        let gone: Vec<u32> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| {
-                p.exited_at
-                    .is_some_and(|t| now.duration_since(t) >= EXIT_GRACE)
-            })
-            .map(|(pid, _)| *pid)
-            .collect();
-        for pid in gone {
-            self.drop_proc(pid, false);
-        }
     }
 
-    /// Whether attaches are in flight or retries scheduled (the stage then wakes up often).
-    pub fn busy(&self) -> bool {
-        !self.pending.is_empty() || self.negative.values().any(|n| n.retry.is_some())
+    /// Whether retries are scheduled.
+    #[cfg(test)]
+    fn busy(&self) -> bool {
+        !self.pending.is_empty() || !self.retries.is_empty()
     }
 
     /// Queues every process in `/proc` (for `--all`) behind the urgent requests, the busiest
@@ -409,7 +433,7 @@ impl Tracker {
             .filter(|pid| {
                 !self.procs.contains_key(pid)
                     && !self.pending.contains_key(pid)
-                    && !self.negative.contains_key(pid)
+                    && !self.negative.contains(pid)
             })
             .map(|pid| (pid, cpu_share(pid).unwrap_or(0.0)))
             .collect();
@@ -459,21 +483,10 @@ fn cpu_share(pid: u32) -> Option<f64> {
     Some(cpu / age)
 }
 
-/// Adds `b` into `a` (for the overflow bucket).
-pub fn merge_stats(a: &mut PyProcStats, b: &PyProcStats) {
-    a.samples += b.samples;
-    a.full += b.full;
-    a.truncated += b.truncated;
-    a.no_tstate += b.no_tstate;
-    a.gil_dropped += b.gil_dropped;
-    for (k, v) in &b.errors {
-        *a.errors.entry(k).or_default() += v;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::process::{Command, Stdio};
+    use std::sync::mpsc::{Receiver, channel};
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -499,13 +512,14 @@ mod tests {
         }
     }
 
-    fn tracker(sink: Box<dyn PyProcSink + Send>) -> Tracker {
-        let mut t = Tracker::new(false);
+    /// A tracker whose results come back on the returned receiver.
+    fn tracker(sink: Box<dyn PyProcSink + Send>) -> (Tracker, Receiver<Attached>) {
+        let (tx, rx) = channel();
+        let mut t = Tracker::new(move |a| tx.send(a).is_ok());
         t.set_sink(sink);
-        t
+        (t, rx)
     }
 
-    /// Waits for the attaches in flight.
     /// A pyenv 3.12 (shared libpython) sleeping for 30 s; `None` (SKIPPED) when it is not
     /// installed, a failure under `CI=true`.
     fn sleeping_python() -> Option<Killed> {
@@ -523,11 +537,13 @@ mod tests {
         ))
     }
 
-    fn settle(t: &mut Tracker) {
+    /// Takes results until no attach is in flight.
+    fn settle(t: &mut Tracker, rx: &Receiver<Attached>) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !t.pending.is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-            t.tick(Instant::now());
+            if let Ok(a) = rx.recv_timeout(Duration::from_millis(50)) {
+                t.accept(a);
+            }
         }
         assert!(t.pending.is_empty(), "attach worker stuck");
     }
@@ -535,7 +551,7 @@ mod tests {
     #[test]
     fn stale_results_are_dropped() {
         let log = Log::default();
-        let mut t = tracker(Box::new(log.clone()));
+        let (mut t, rx) = tracker(Box::new(log.clone()));
         let Some(py) = sleeping_python() else { return };
         std::thread::sleep(Duration::from_millis(300));
         let pid = py.0.id();
@@ -543,13 +559,13 @@ mod tests {
             t.get(pid).is_none(),
             "queued, not attached on the caller's thread"
         );
+        let stale = rx.recv_timeout(Duration::from_secs(10)).expect("a result");
         t.on_exit(pid); // the process "exits" before the result is taken
-        std::thread::sleep(Duration::from_millis(500));
-        t.tick(Instant::now());
+        t.accept(stale);
         assert!(t.procs.is_empty(), "a result for an exited pid is stale");
         assert!(log.0.lock().unwrap().is_empty(), "nothing announced");
         t.request_now(pid);
-        t.wait_for(&[pid], Duration::from_secs(10));
+        settle(&mut t, &rx);
         assert!(t.procs.contains_key(&pid));
         assert_eq!(*log.0.lock().unwrap(), [format!("insert {pid}")]);
     }
@@ -557,12 +573,12 @@ mod tests {
     #[test]
     fn non_python_is_tried_once_and_python_is_announced() {
         let log = Log::default();
-        let mut t = tracker(Box::new(log.clone()));
+        let (mut t, rx) = tracker(Box::new(log.clone()));
         let sleep = Killed(Command::new("sleep").arg("30").spawn().unwrap());
         let pid = sleep.0.id();
         assert!(t.get(pid).is_none());
-        settle(&mut t);
-        assert!(t.negative.contains_key(&pid), "negative verdict cached");
+        settle(&mut t, &rx);
+        assert!(t.negative.contains(&pid), "negative verdict cached");
         assert!(t.get(pid).is_none());
         assert!(t.pending.is_empty(), "one attempt per pid");
         assert!(t.get(std::process::id()).is_none(), "never ourselves");
@@ -573,7 +589,12 @@ mod tests {
         t.on_exec(pid);
         let deadline = Instant::now() + Duration::from_secs(3);
         while !t.procs.contains_key(&pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
+            let wait = t.next_due().map_or(Duration::from_millis(50), |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if let Ok(a) = rx.recv_timeout(wait) {
+                t.accept(a);
+            }
             t.tick(Instant::now());
         }
         assert!(
@@ -586,7 +607,12 @@ mod tests {
             *log.0.lock().unwrap(),
             [format!("insert {pid}"), format!("remove {pid}")]
         );
-        t.tick(Instant::now() + EXIT_GRACE);
+        let due = t.next_due().expect("the end of the exit grace");
+        assert!(
+            due > Instant::now() + EXIT_GRACE / 2,
+            "not before the grace"
+        );
+        t.tick(due);
         assert!(!t.procs.contains_key(&pid), "dropped after the grace");
         let (stats, overflow) = t.finish();
         assert_eq!(stats.len(), 1);
@@ -616,16 +642,16 @@ mod tests {
 
     #[test]
     fn retries_end_after_the_schedule() {
-        let mut t = tracker(Box::new(Log::default()));
+        let (mut t, rx) = tracker(Box::new(Log::default()));
         let sleep = Killed(Command::new("sleep").arg("30").spawn().unwrap());
         let pid = sleep.0.id();
         t.on_exec(pid);
         assert!(t.busy());
-        let start = Instant::now();
-        settle(&mut t);
-        for d in RETRY_AFTER_EXEC {
-            t.tick(start + d + Duration::from_millis(1));
-            settle(&mut t);
+        settle(&mut t, &rx);
+        for _ in RETRY_AFTER_EXEC {
+            let Some(due) = t.next_due() else { break };
+            t.tick(due);
+            settle(&mut t, &rx);
         }
         assert!(!t.busy(), "bounded retries");
         assert!(t.procs.is_empty());

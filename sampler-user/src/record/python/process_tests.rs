@@ -9,9 +9,11 @@ use std::process::{Child, Command, Stdio};
 
 use sampler_common::{PY_NO_OFFSET, PyFrameRecord, PyProcInfo, py_flags};
 
-use super::pyproc::{FrameTable, PyProc};
+use super::process::PyProc;
 use crate::collect::PyCaptured;
+use crate::failure::PyFailure;
 use crate::merge::{PyItem, python_groups, python_only};
+use crate::profile::Profile;
 use crate::python::PythonProcess;
 use crate::python::kernel::kernel_info;
 use crate::python::memory::{ProcessMemory, ReadMemory};
@@ -193,10 +195,10 @@ fn captured_frames_resolve_into_two_activations() {
         let info = kernel_info(&process).unwrap();
         let mem = ProcessMemory::new(pid);
         let cap = capture(&mem, &info, tid);
-        let mut p = PyProc::new(process, name.into(), None);
-        let mut table = FrameTable::default();
-        let stack = p.resolve(&cap, &mut table);
-        let frames = table.take_new();
+        let mut p = PyProc::new(process, name.into());
+        let mut profile = Profile::default();
+        let stack = p.resolve(&cap, &mut profile);
+        let frames = profile.frames().to_vec();
         let mut names = Vec::new();
         python_only(&stack.items, &mut names);
         let labels: Vec<String> = names.iter().map(|i| frames[i.0 as usize].label()).collect();
@@ -231,32 +233,36 @@ fn captured_frames_resolve_into_two_activations() {
             p.stats
         );
         assert!(p.stats.errors.is_empty(), "{name}: {:?}", p.stats.errors);
-        // Second time: every frame from the cache, no new frames numbered.
-        let again = p.resolve(&cap, &mut table);
+        // Second time: every frame from the cache, no new frames.
+        let again = p.resolve(&cap, &mut profile);
         assert_eq!(again.items, stack.items);
-        assert!(table.take_new().is_empty());
+        assert_eq!(profile.frames().len(), frames.len());
         // A code object gone since the sample (unreadable here) is named from the names the
         // kernel recorded with it, without a line, and counted.
         let mut freed = cap.clone();
         freed.frames[0].executable = 0x10;
-        let s = p.resolve(&freed, &mut table);
-        let new = table.take_new();
+        let s = p.resolve(&freed, &mut profile);
         assert!(
-            matches!(s.items[0], PyItem::Frame(i) if &*new[0].name == "inner" && new[0].line.is_none() && i.0 as usize == frames.len()),
-            "{name}: {new:?}"
+            matches!(s.items[0], PyItem::Frame(i) if &*profile.frame(i).name == "inner" && profile.frame(i).line.is_none() && i.0 as usize == frames.len()),
+            "{name}"
         );
-        assert_eq!(p.stats.errors.get("code_freed"), Some(&1), "{name}");
+        assert_eq!(
+            p.stats
+                .errors
+                .get(&PyFailure::Reader(crate::python::ErrorKind::CodeFreed)),
+            Some(&1),
+            "{name}"
+        );
         // Unreadable, and names that are no `str`: an unknown frame, counted, never a wrong
         // name; three such frames in one sample count once.
         let mut bad = cap.clone();
         for f in &mut bad.frames[..3] {
             (f.executable, f.name, f.filename) = (0x10, 0x20, 0x30);
         }
-        let s = p.resolve(&bad, &mut table);
-        let new = table.take_new();
+        let s = p.resolve(&bad, &mut profile);
         assert!(
-            matches!(s.items[0], PyItem::Frame(i) if &*new[0].name == "[unknown python frame]" && i.0 as usize == frames.len() + 1),
-            "{name}: {new:?}"
+            matches!(s.items[0], PyItem::Frame(i) if &*profile.frame(i).name == "[unknown python frame]" && i.0 as usize == frames.len() + 1),
+            "{name}"
         );
         assert_eq!(
             p.stats.errors.values().sum::<u64>(),
@@ -281,10 +287,10 @@ fn init_shim_is_dropped() {
         let process = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
         let info = kernel_info(&process).unwrap();
         let cap = capture(&ProcessMemory::new(pid), &info, tid);
-        let mut p = PyProc::new(process, name.into(), None);
-        let mut table = FrameTable::default();
-        let stack = p.resolve(&cap, &mut table);
-        let frames = table.take_new();
+        let mut p = PyProc::new(process, name.into());
+        let mut profile = Profile::default();
+        let stack = p.resolve(&cap, &mut profile);
+        let frames = profile.frames();
         let mut ids = Vec::new();
         python_only(&stack.items, &mut ids);
         let fns: Vec<&str> = ids.iter().map(|i| &*frames[i.0 as usize].name).collect();

@@ -1,100 +1,67 @@
 //! One Python process during `record`: its attached reader, the caches that make per-sample
 //! work a hash lookup, and its counts for the per-process summary.
 //!
-//! Owns: [`PyProc`] (the [`PythonProcess`], its eval-loop ranges, a (executable, instr_ptr,
-//! tlbc_index) → frame cache, a tid → thread-name cache) and [`FrameTable`] (unique Python
-//! frames of the run, numbered; new ones travel to the stack builder with the next sample).
+//! Owns: [`PyProc`] (the [`PythonProcess`], a (executable, instr_ptr, tlbc_index) → frame
+//! cache, a tid → thread-name cache) and its [`PyProcStats`].
 //! Input: the frames the eBPF program captured for one sample ([`PyCaptured`]). Output: a
-//! [`PyStack`] — frames innermost first, entry frames kept as merge delimiters, the `__init__`
-//! shim dropped, unresolvable frames as `[unknown python frame]`.
+//! [`PyStack`] — frames innermost first as ids of the run's one frame table (the
+//! [`Profile`]'s), entry frames kept as merge delimiters, the `__init__` shim dropped,
+//! unresolvable frames as `[unknown python frame]`.
 //! Constraints: resolution happens when the sample arrives (milliseconds after it was taken),
 //! so a process that exits later keeps its names, and a code object freed meanwhile is
 //! recognised by the identity the kernel recorded (never named after what lives at its
 //! address now); every failure is counted by kind in [`PyProcStats`], once per sample (a
-//! sample with three unreadable frames is one `memory_read`); caches are bounded.
+//! sample with three unreadable frames is one `memory_read`); caches are bounded ([`Lru`]).
 
 use std::collections::BTreeMap;
-
-use crate::lru::FastMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sampler_common::py_flags;
+use sampler_common::{PyFrameRecord, py_flags};
 
 use crate::collect::PyCaptured;
-use crate::merge::{EvalRanges, PyItem};
-use crate::profile::{Frame, FrameKind};
+use crate::failure::PyFailure;
+use crate::lru::{FastMap, Lru};
+use crate::merge::PyItem;
+use crate::profile::{Frame, FrameId, FrameKind, Profile};
 use crate::python::code::CodeIdentity;
 use crate::python::layout::EntryRule;
 use crate::python::syspath::ShortNames;
 use crate::python::walker::{ChainItem, code_from_executable};
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
-use sampler_common::PyFrameRecord;
 
 /// Label of a captured frame that could not be resolved.
 pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
 /// The marker below the frames of a sample whose walk stopped at an invalid frame.
 pub const INVALID_PY_FRAME: &str = "[truncated: invalid python frame]";
-/// Most cached (executable, instr_ptr, tlbc_index) keys per process (cleared when full).
+/// Most cached (executable, instr_ptr, tlbc_index, code identity) keys per process.
 const MAX_FRAME_KEYS: usize = 1 << 16;
-/// Most cached thread names per process (cleared when full).
+/// Most cached thread names per process.
 const MAX_THREAD_NAMES: usize = 4096;
 /// Samples without a capture this soon after the attach are expected (taken before the
 /// kernel knew the process); later ones are counted.
 pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
 /// Least time between two thread-list reads of one process (for names of new threads).
 const THREADS_EVERY: Duration = Duration::from_millis(100);
+/// Lookups of a Python thread's `threading` name before its OS name is final.
+const NAME_TRIES: u8 = 4;
 /// Least time between two reads when a Python thread without a known name shows up: a
 /// thread-per-request server's threads live for one request.
 const UNKNOWN_THREAD_EVERY: Duration = Duration::from_millis(5);
-/// Lookups of a Python thread's `threading` name before its OS name is final.
-const NAME_TRIES: u8 = 4;
 /// How often `sys.path` is read again (a program may change it; until the first read works,
 /// file names are not shortened).
 const SYS_PATH_EVERY: Duration = Duration::from_secs(5);
-
-/// Index of a unique Python frame in the run's [`FrameTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PyFrameIdx(pub u32);
-
-/// Unique Python frames of the run. Indices are dense and assigned in order; frames not yet
-/// sent to the stack builder wait in `pending`.
-#[derive(Debug, Default)]
-pub struct FrameTable {
-    ids: FastMap<Frame, PyFrameIdx>,
-    pending: Vec<Frame>,
-}
-
-impl FrameTable {
-    /// The index of `frame`, numbering it if new.
-    pub fn intern(&mut self, frame: Frame) -> PyFrameIdx {
-        if let Some(i) = self.ids.get(&frame) {
-            return *i;
-        }
-        let i = PyFrameIdx(self.ids.len() as u32);
-        self.pending.push(frame.clone());
-        self.ids.insert(frame, i);
-        i
-    }
-
-    /// Frames numbered since the last call, in index order.
-    pub fn take_new(&mut self) -> Vec<Frame> {
-        std::mem::take(&mut self.pending)
-    }
-}
 
 /// The Python part of one sample, for the stack builder.
 #[derive(Clone, Debug, Default)]
 pub struct PyStack {
     /// Innermost first; entry frames as [`PyItem::Entry`].
-    pub items: Vec<PyItem<PyFrameIdx>>,
+    pub items: Vec<PyItem<FrameId>>,
     /// The capture stopped at the frame cap, at a read error or at an invalid frame: outer
     /// frames are missing.
     pub truncated: bool,
     /// It stopped at an invalid frame (see `py_flags::INVALID_FRAME`).
     pub invalid: bool,
-    /// The process's eval-loop ranges (for `--native`), if known.
-    pub eval: Option<Arc<EvalRanges>>,
 }
 
 /// Counts of one Python process, for the summary.
@@ -119,22 +86,33 @@ pub struct PyProcStats {
     /// Excluded from a `--gil` run (free-threaded, GIL disabled).
     pub gil_excluded: bool,
     /// Samples with a failure, by kind (a sample counts once per kind).
-    pub errors: BTreeMap<&'static str, u64>,
+    pub errors: BTreeMap<PyFailure, u64>,
 }
 
 impl PyProcStats {
     /// Counts one failure of `kind`.
-    pub fn count(&mut self, kind: &'static str) {
+    pub fn count(&mut self, kind: PyFailure) {
         *self.errors.entry(kind).or_default() += 1;
     }
 
-    /// Counts once each kind the reader counted between `before` and `after` (one sample,
-    /// or one read of the thread list).
+    /// Adds what the reader counted between `before` and `after`.
     fn count_reader(&mut self, before: &ErrorCounts, after: &ErrorCounts) {
         for k in ErrorKind::ALL {
             if after.get(k) > before.get(k) {
-                *self.errors.entry(k.name()).or_default() += 1;
+                *self.errors.entry(PyFailure::Reader(k)).or_default() += 1;
             }
+        }
+    }
+
+    /// Adds `b` into `self` (the bucket of the processes beyond the per-process bound).
+    pub fn merge(&mut self, b: &PyProcStats) {
+        self.samples += b.samples;
+        self.full += b.full;
+        self.truncated += b.truncated;
+        self.no_tstate += b.no_tstate;
+        self.gil_dropped += b.gil_dropped;
+        for (k, v) in &b.errors {
+            *self.errors.entry(*k).or_default() += v;
         }
     }
 }
@@ -155,8 +133,6 @@ pub struct SeedStack {
 pub struct PyProc {
     /// The reader.
     pub process: PythonProcess,
-    /// Eval-loop ranges (computed with `--native` only).
-    pub eval: Option<Arc<EvalRanges>>,
     /// Counts for the summary.
     pub stats: PyProcStats,
     /// When it was attached (and announced to the kernel).
@@ -171,12 +147,12 @@ pub struct PyProc {
     /// eval-loop activation).
     has_base_frame: bool,
     /// (executable, instr_ptr, tlbc_index, code identity) → frame (`None`: the shim).
-    frames: FastMap<(u64, u64, i32, CodeIdentity), Option<PyFrameIdx>>,
+    frames: Lru<(u64, u64, i32, CodeIdentity), Option<FrameId>>,
     /// `--idle`: threads seeded off a CPU (host tid → stack), until their first interval.
     pub seeds: FastMap<u32, SeedStack>,
-    thread_names: FastMap<u32, Arc<str>>,
+    thread_names: Lru<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
-    provisional: FastMap<u32, u8>,
+    provisional: Lru<u32, u8>,
     threads_read_at: Option<Instant>,
     /// The short-name rule (from `sys.path`) and when it was read.
     short_names: Option<(ShortNames, Instant)>,
@@ -209,7 +185,7 @@ fn python_frame(f: PyFrame, short_file: Option<String>) -> Frame {
 
 impl PyProc {
     /// Wraps an attached process.
-    pub fn new(process: PythonProcess, comm: String, eval: Option<Arc<EvalRanges>>) -> Self {
+    pub fn new(process: PythonProcess, comm: String) -> Self {
         let l = process.layout();
         let stats = PyProcStats {
             comm,
@@ -222,14 +198,13 @@ impl PyProc {
             tag_mask: l.frame.stackref_tag_mask,
             has_base_frame: l.table.iter().any(|(n, _)| *n == "thread_state.base_frame"),
             process,
-            eval,
             stats,
             attached_at: Instant::now(),
             exited_at: None,
-            frames: FastMap::default(),
+            frames: Lru::new(MAX_FRAME_KEYS),
             seeds: FastMap::default(),
-            thread_names: FastMap::default(),
-            provisional: FastMap::default(),
+            thread_names: Lru::new(MAX_THREAD_NAMES),
+            provisional: Lru::new(MAX_THREAD_NAMES),
             threads_read_at: None,
             short_names: None,
             sys_path_tried_at: None,
@@ -257,33 +232,33 @@ impl PyProc {
         self.short_names.as_mut()?.0.short(file)
     }
 
-    /// Resolves one captured stack.
-    pub fn resolve(&mut self, cap: &PyCaptured, table: &mut FrameTable) -> PyStack {
+    /// Resolves one captured stack, its frames interned in `profile`.
+    pub fn resolve(&mut self, cap: &PyCaptured, profile: &mut Profile) -> PyStack {
         self.stats.samples += 1;
         let invalid = cap.flags & py_flags::INVALID_FRAME != 0;
         let mut out = PyStack {
             items: Vec::with_capacity(cap.frames.len()),
             truncated: invalid || cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
             invalid,
-            eval: self.eval.clone(),
         };
         if cap.flags & py_flags::NO_TSTATE != 0 {
             self.stats.no_tstate += 1;
             return out;
         }
         if cap.flags & py_flags::CAPTURED == 0 {
-            self.stats.count("not_captured");
+            self.stats.count(PyFailure::NotCaptured);
             return out;
         }
         if cap.flags & py_flags::TRUNCATED != 0 {
             self.stats.truncated += 1;
         }
         if cap.flags & py_flags::READ_ERROR != 0 {
-            self.stats.count("kernel_read_error");
+            self.stats.count(PyFailure::KernelReadError);
         }
         if invalid {
-            self.stats.count("invalid_frame");
+            self.stats.count(PyFailure::InvalidFrame);
         }
+        // Reader failures are counted once per sample and kind, after the walk.
         let before = self.process.error_counts().clone();
         let (mut unknown, mut bad_executable) = (false, false);
         for rec in &cap.frames {
@@ -291,14 +266,14 @@ impl PyProc {
                 out.items.push(PyItem::Entry);
                 continue;
             }
-            match self.frame(rec, table) {
+            match self.frame(rec, profile) {
                 Ok(Some(i)) => out.items.push(PyItem::Frame(i)),
                 Ok(None) => {} // the `__init__` shim
                 Err(failure) => {
                     unknown = true;
                     bad_executable |= failure == Failure::BadExecutable;
                     out.items.push(PyItem::Frame(
-                        table.intern(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
+                        profile.intern_frame(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
                     ));
                 }
             }
@@ -316,7 +291,8 @@ impl PyProc {
         self.stats
             .count_reader(&before, self.process.error_counts());
         if bad_executable {
-            self.stats.count("bad_executable");
+            self.stats
+                .count(PyFailure::Reader(ErrorKind::BadExecutable));
         }
         // 3.15: a complete chain ends in the base frame right after the outermost entry frame;
         // it belongs to no activation.
@@ -335,7 +311,7 @@ impl PyProc {
 
     /// The stack of host thread `tid` as seeded (`--idle`): its first off-CPU interval began
     /// before the kernel saw it. `take`: that interval ends here (the seed is dropped).
-    pub fn seed_stack(&mut self, tid: u32, table: &mut FrameTable, take: bool) -> Option<PyStack> {
+    pub fn seed_stack(&mut self, tid: u32, profile: &mut Profile, take: bool) -> Option<PyStack> {
         let seed = if take {
             self.seeds.remove(&tid)?
         } else {
@@ -346,7 +322,6 @@ impl PyProc {
             items: Vec::with_capacity(seed.items.len()),
             truncated: seed.truncated,
             invalid: false,
-            eval: self.eval.clone(),
         };
         for item in &seed.items {
             match item {
@@ -354,8 +329,9 @@ impl PyProc {
                 ChainItem::Frame(i) => {
                     if let Some(f) = seed.frames.get(*i as usize).filter(|f| !is_init_shim(f)) {
                         let short = self.short_file(&f.file);
-                        out.items
-                            .push(PyItem::Frame(table.intern(python_frame(f.clone(), short))));
+                        out.items.push(PyItem::Frame(
+                            profile.intern_frame(python_frame(f.clone(), short)),
+                        ));
                     }
                 }
             }
@@ -373,8 +349,8 @@ impl PyProc {
     fn frame(
         &mut self,
         rec: &PyFrameRecord,
-        table: &mut FrameTable,
-    ) -> Result<Option<PyFrameIdx>, Failure> {
+        profile: &mut Profile,
+    ) -> Result<Option<FrameId>, Failure> {
         let id = CodeIdentity {
             name: rec.name,
             filename: rec.filename,
@@ -404,11 +380,8 @@ impl PyProc {
             None
         } else {
             let short = self.short_file(&frame.file);
-            Some(table.intern(python_frame(frame, short)))
+            Some(profile.intern_frame(python_frame(frame, short)))
         };
-        if self.frames.len() >= MAX_FRAME_KEYS {
-            self.frames.clear();
-        }
         self.frames.insert(key, value);
         Ok(value)
     }
@@ -423,7 +396,7 @@ impl PyProc {
         let now = Instant::now();
         let since = self.threads_read_at.map(|t| now.duration_since(t));
         let known = self.thread_names.get(&tid).cloned();
-        let provisional = self.provisional.contains_key(&tid);
+        let provisional = self.provisional.contains(&tid);
         let every = if known.is_none() && python_thread {
             UNKNOWN_THREAD_EVERY
         } else {
@@ -436,10 +409,6 @@ impl PyProc {
         }
         if may_read {
             self.threads_read_at = Some(now);
-            if self.thread_names.len() >= MAX_THREAD_NAMES {
-                self.thread_names.clear();
-                self.provisional.clear();
-            }
             if let Ok(names) = self.process.thread_names() {
                 let map = self.host_tid_map(!names.is_empty());
                 for (native, name) in names {
@@ -453,18 +422,19 @@ impl PyProc {
                     }
                 }
             }
-            if let Some(n) = self.thread_names.get(&tid)
-                && !self.provisional.contains_key(&tid)
+            if !self.provisional.contains(&tid)
+                && let Some(n) = self.thread_names.get(&tid)
             {
                 return Some(n.clone());
             }
         }
         let os: Arc<str> = crate::python::os_thread_name(self.process.pid(), tid)?.into();
         self.thread_names.insert(tid, os.clone());
-        let tries = self.provisional.entry(tid).or_insert(0);
-        *tries += 1;
-        if !python_thread || *tries >= NAME_TRIES {
+        let tries = self.provisional.peek(&tid).copied().unwrap_or(0) + 1;
+        if !python_thread || tries >= NAME_TRIES {
             self.provisional.remove(&tid);
+        } else {
+            self.provisional.insert(tid, tries);
         }
         Some(os)
     }

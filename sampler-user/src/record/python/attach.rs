@@ -1,4 +1,4 @@
-//! Attaching to processes off the Python stage's path: a worker thread with a two-level queue.
+//! Attaching to processes off the Python stage's path: worker threads with a two-level queue.
 //!
 //! Why: deciding that a process is *not* Python reads the symbol tables of its mapped files
 //! (once per file); a host with a large binary (say `librustc_driver`, tens of MB of symbols)
@@ -9,19 +9,17 @@
 //! low: the `--all` start-up scan, promoted when a sample shows the pid is busy) and two
 //! workers: one takes urgent requests only, the other urgent ones first, then the scan — so a
 //! slow scan item never delays an urgent attach, and one slow attach does not stop the rest.
-//! Input: [`Request`]s. Output: [`Attached`] results on a channel, in completion order; the
-//! tracker matches them to its requests by id and drops stale ones.
-//! Constraints: the worker never touches `PY_PROCS` (the tracker announces a process only
-//! once it holds the result); it stops when the tracker is dropped.
+//! Input: [`Request`]s. Output: [`Attached`] results, in completion order, handed to the
+//! callback the queue was started with (the stage's input: a result wakes the stage, which
+//! never polls for them); the tracker matches them to its requests by id and drops stale ones.
+//! Constraints: the workers never touch `PY_PROCS` (the tracker announces a process only
+//! once it holds the result); they stop when the tracker is dropped or the callback refuses.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 
 use sampler_common::PyProcInfo;
 
-use crate::merge::EvalRanges;
-use crate::merge::evalrange::file_eval_ranges;
 use crate::python::kernel::kernel_info;
 use crate::python::{PyError, PythonProcess};
 
@@ -40,9 +38,6 @@ pub struct Ready {
     pub process: PythonProcess,
     /// What the kernel walk needs.
     pub info: PyProcInfo,
-    /// Eval-loop ranges (with `--native`): `None` if not found, and whether they may miss
-    /// local pieces (a stripped file without its debug file).
-    pub eval: Option<(Arc<EvalRanges>, bool)>,
     /// `/proc/PID/comm` at the attach.
     pub comm: String,
 }
@@ -62,10 +57,12 @@ struct Queues {
     closed: bool,
 }
 
-/// The tracker's end: submit requests, collect results.
+/// Where a worker hands a result; `false` stops it (the receiving end is gone).
+type Deliver = Arc<dyn Fn(Attached) -> bool + Send + Sync>;
+
+/// The tracker's end: submit requests (results go to the callback).
 pub struct AttachQueue {
     shared: Arc<(Mutex<Queues>, Condvar)>,
-    results: Receiver<Attached>,
 }
 
 impl Drop for AttachQueue {
@@ -78,21 +75,21 @@ impl Drop for AttachQueue {
 }
 
 impl AttachQueue {
-    /// Starts the worker. `native`: also compute eval-loop ranges.
-    pub fn start(native: bool) -> Self {
+    /// Starts the workers; each result goes to `deliver`.
+    pub fn start(deliver: impl Fn(Attached) -> bool + Send + Sync + 'static) -> Self {
         let shared = Arc::new((Mutex::new(Queues::default()), Condvar::new()));
-        let (tx, results) = channel();
+        let deliver: Deliver = Arc::new(deliver);
         for urgent_only in [true, false] {
-            let (worker, tx) = (Arc::clone(&shared), tx.clone());
+            let (worker, deliver) = (Arc::clone(&shared), Arc::clone(&deliver));
             // Not joined: an attach in progress at the end of the run must not delay the output.
             let spawned = std::thread::Builder::new()
                 .name("pyebpf-attach".into())
-                .spawn(move || work(&worker, &tx, native, urgent_only));
+                .spawn(move || work(&worker, &*deliver, urgent_only));
             if let Err(e) = spawned {
                 tracing::warn!("cannot start an attach thread: {e}");
             }
         }
-        AttachQueue { shared, results }
+        AttachQueue { shared }
     }
 
     /// Queues `req`; `urgent` ones go before every start-up scan request.
@@ -118,14 +115,13 @@ impl AttachQueue {
             self.shared.1.notify_all();
         }
     }
-
-    /// Results that arrived so far.
-    pub fn results(&self) -> impl Iterator<Item = Attached> + '_ {
-        self.results.try_iter()
-    }
 }
 
-fn work(shared: &(Mutex<Queues>, Condvar), tx: &Sender<Attached>, native: bool, urgent_only: bool) {
+fn work(
+    shared: &(Mutex<Queues>, Condvar),
+    deliver: &(dyn Fn(Attached) -> bool + Send + Sync),
+    urgent_only: bool,
+) {
     loop {
         let req = {
             let Ok(mut q) = shared.0.lock() else { return };
@@ -148,7 +144,7 @@ fn work(shared: &(Mutex<Queues>, Condvar), tx: &Sender<Attached>, native: bool, 
             }
         };
         let t0 = std::time::Instant::now();
-        let result = attach(req.pid, native).map(Box::new);
+        let result = attach(req.pid).map(Box::new);
         tracing::debug!(
             "attach of pid {} ({}): {:?}, {}",
             req.pid,
@@ -162,40 +158,25 @@ fn work(shared: &(Mutex<Queues>, Condvar), tx: &Sender<Attached>, native: bool, 
                 .as_ref()
                 .map_or_else(ToString::to_string, |_| "Python".into())
         );
-        if tx.send(Attached { req, result }).is_err() {
+        if !deliver(Attached { req, result }) {
             return;
         }
     }
 }
 
 /// Attaches `pid` and derives everything the run needs from it.
-pub fn attach(pid: u32, native: bool) -> Result<Ready, PyError> {
+pub fn attach(pid: u32) -> Result<Ready, PyError> {
     if pid == 0 || pid == std::process::id() {
         return Err(PyError::NotPython { pid });
     }
     let process = PythonProcess::attach(pid)?;
     let info = kernel_info(&process)?;
-    let eval = if native {
-        match file_eval_ranges(pid, process.detected()) {
-            Ok(f) => Some((
-                Arc::new(EvalRanges::new(&f, process.detected().bias)),
-                f.incomplete,
-            )),
-            Err(e) => {
-                tracing::debug!("pid {pid}: no eval-loop ranges: {e}");
-                None
-            }
-        }
-    } else {
-        None
-    };
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim_end().to_owned())
         .unwrap_or_default();
     Ok(Ready {
         process,
         info,
-        eval,
         comm,
     })
 }

@@ -1,0 +1,454 @@
+//! [`Profile`]: the interned frames, stacks and names of a run and its samples counted by
+//! [`SampleKey`], in the order each key was first seen (so a profile rebuilt from a saved file,
+//! which replays the samples in their order, is the recorded one, ids and order alike).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{
+    FileNames, Frame, FrameId, NameId, RunMeta, Sample, SampleKey, StackId, sanitize_label,
+};
+use crate::lru::{FastMap, FastSet};
+
+/// The samples counted under one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Samples.
+    pub samples: u64,
+    /// Their weights' sum (the samples' count without `--idle`): what shares are shares of.
+    pub weight: u64,
+}
+
+impl Counts {
+    fn add(&mut self, weight: u32) {
+        self.samples += 1;
+        self.weight += u64::from(weight);
+    }
+}
+
+/// Interned frames, stacks and names, and the samples counted by key.
+#[derive(Debug, Default)]
+pub struct Profile {
+    frames: Vec<Frame>,
+    frame_ids: FastMap<Frame, FrameId>,
+    stacks: Vec<Box<[FrameId]>>,
+    stack_ids: FastMap<Box<[FrameId]>, StackId>,
+    names: Vec<Arc<str>>,
+    name_ids: FastMap<Arc<str>, NameId>,
+    /// Counts by key, in first-seen order.
+    counts: Vec<(SampleKey, Counts)>,
+    count_ids: FastMap<SampleKey, u32>,
+    /// Processes with samples.
+    pids: FastSet<u32>,
+    totals: Counts,
+    /// The samples one by one, when kept (a loaded saved file, on request).
+    timeline: Option<Vec<Sample>>,
+    /// Run metadata.
+    pub meta: RunMeta,
+    /// Which file names the outputs show (a view setting, not saved).
+    pub file_names: FileNames,
+}
+
+impl Profile {
+    /// An empty profile.
+    pub fn new(meta: RunMeta) -> Self {
+        Profile {
+            meta,
+            ..Profile::default()
+        }
+    }
+
+    /// Interns a frame.
+    pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
+        if let Some(id) = self.frame_ids.get(&frame) {
+            return *id;
+        }
+        let id = FrameId(u32::try_from(self.frames.len()).expect("more than 4G unique frames"));
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        id
+    }
+
+    /// Interns a stack given root first.
+    pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
+        if let Some(id) = self.stack_ids.get(frames) {
+            return *id;
+        }
+        let id = StackId(u32::try_from(self.stacks.len()).expect("more than 4G unique stacks"));
+        let boxed: Box<[FrameId]> = frames.into();
+        self.stacks.push(boxed.clone());
+        self.stack_ids.insert(boxed, id);
+        id
+    }
+
+    /// Interns a process or thread name.
+    pub fn intern_name(&mut self, name: &str) -> NameId {
+        if let Some(id) = self.name_ids.get(name) {
+            return *id;
+        }
+        let id = NameId(u32::try_from(self.names.len()).expect("more than 4G unique names"));
+        let name: Arc<str> = name.into();
+        self.names.push(name.clone());
+        self.name_ids.insert(name, id);
+        id
+    }
+
+    /// Counts one sample under its key (and keeps it, when the profile keeps a timeline).
+    pub fn add(&mut self, sample: &Sample) {
+        let i = if let Some(&i) = self.count_ids.get(&sample.key) {
+            i as usize
+        } else {
+            let i = self.counts.len();
+            self.counts.push((sample.key, Counts::default()));
+            let id = u32::try_from(i).expect("more than 4G sample keys");
+            self.count_ids.insert(sample.key, id);
+            self.pids.insert(sample.key.pid);
+            i
+        };
+        self.counts[i].1.add(sample.weight);
+        self.totals.add(sample.weight);
+        if let Some(t) = self.timeline.as_mut() {
+            t.push(*sample);
+        }
+    }
+
+    /// Adds a sample given with its names (tests); returns it as added.
+    #[cfg(test)]
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "tests hand over struct literals"
+    )]
+    pub(crate) fn add_sample(&mut self, s: super::NamedSample) -> Sample {
+        let sample = Sample {
+            key: SampleKey {
+                stack: s.stack,
+                pid: s.pid,
+                tid: s.tid,
+                comm: self.intern_name(&s.comm),
+                thread: self.intern_name(&s.thread_name),
+                gil: s.gil,
+                state: s.state,
+            },
+            time_ns: s.time_ns,
+            cpu: s.cpu,
+            weight: s.weight,
+        };
+        self.add(&sample);
+        sample
+    }
+
+    /// The counts by key, in the order the keys were first seen.
+    pub fn counts(&self) -> &[(SampleKey, Counts)] {
+        &self.counts
+    }
+
+    /// Takes the counts so far, keeping the interned frames, stacks and names (their ids stay
+    /// valid): a live view (`top`) takes each window's counts and stays bounded in memory.
+    pub fn take_counts(&mut self) -> Vec<(SampleKey, Counts)> {
+        self.count_ids.clear();
+        self.pids.clear();
+        self.totals = Counts::default();
+        std::mem::take(&mut self.counts)
+    }
+
+    /// Samples counted.
+    pub fn sample_count(&self) -> u64 {
+        self.totals.samples
+    }
+
+    /// The samples' total weight (the number of samples for a run without `--idle`); what
+    /// every share is a share of.
+    pub fn total_weight(&self) -> u64 {
+        self.totals.weight
+    }
+
+    /// Keep every sample added from now on, in order ([`Self::timeline`]).
+    pub fn keep_timeline(&mut self) {
+        self.timeline.get_or_insert_with(Vec::new);
+    }
+
+    /// The samples one by one, in order, if kept.
+    pub fn timeline(&self) -> Option<&[Sample]> {
+        self.timeline.as_deref()
+    }
+
+    /// The frame behind an id.
+    pub fn frame(&self, id: FrameId) -> &Frame {
+        &self.frames[id.0 as usize]
+    }
+
+    /// All interned frames, indexable by `FrameId.0`.
+    pub fn frames(&self) -> &[Frame] {
+        &self.frames
+    }
+
+    /// The frames of a stack, root first.
+    pub fn stack(&self, id: StackId) -> &[FrameId] {
+        &self.stacks[id.0 as usize]
+    }
+
+    /// All interned stacks (root first), indexable by `StackId.0`.
+    pub fn stacks(&self) -> &[Box<[FrameId]>] {
+        &self.stacks
+    }
+
+    /// The name behind an id.
+    pub fn name(&self, id: NameId) -> &Arc<str> {
+        &self.names[id.0 as usize]
+    }
+
+    /// A key's process name.
+    pub fn comm(&self, key: &SampleKey) -> &Arc<str> {
+        self.name(key.comm)
+    }
+
+    /// A key's thread name.
+    pub fn thread(&self, key: &SampleKey) -> &Arc<str> {
+        self.name(key.thread)
+    }
+
+    /// Appends `frame` under the next id (a saved file's frame, in order): unlike
+    /// [`Self::intern_frame`] a frame equal to an earlier one is refused, since ids must stay
+    /// the file's.
+    pub fn push_frame(&mut self, frame: Frame) -> Result<FrameId, PartsError> {
+        let i = self.frames.len();
+        let id = FrameId(u32::try_from(i).map_err(|_| PartsError::TooMany)?);
+        if self.frame_ids.contains_key(&frame) {
+            return Err(PartsError::DuplicateFrame { frame: i });
+        }
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        Ok(id)
+    }
+
+    /// Appends a stack (root first) under the next id, as [`Self::push_frame`] does frames;
+    /// every frame it names must exist.
+    pub fn push_stack(&mut self, frames: Box<[FrameId]>) -> Result<StackId, PartsError> {
+        let i = self.stacks.len();
+        let id = StackId(u32::try_from(i).map_err(|_| PartsError::TooMany)?);
+        if let Some(f) = frames.iter().find(|f| f.0 as usize >= self.frames.len()) {
+            return Err(PartsError::FrameOutOfRange {
+                stack: i,
+                frame: f.0,
+                frames: self.frames.len(),
+            });
+        }
+        if self.stack_ids.contains_key(&frames) {
+            return Err(PartsError::DuplicateStack { stack: i });
+        }
+        self.stacks.push(frames.clone());
+        self.stack_ids.insert(frames, id);
+        Ok(id)
+    }
+
+    /// A profile with these frames and stacks (as [`Profile::frames`] and [`Profile::stacks`]
+    /// return them: a saved file), keeping every id: frame `i` gets `FrameId(i)`, stack `i`
+    /// `StackId(i)`, and no sample yet (see [`Self::push_frame`], [`Self::push_stack`]).
+    pub fn from_parts(
+        meta: RunMeta,
+        frames: Vec<Frame>,
+        stacks: Vec<Box<[FrameId]>>,
+    ) -> Result<Profile, PartsError> {
+        let mut p = Profile::new(meta);
+        for f in frames {
+            p.push_frame(f)?;
+        }
+        for s in stacks {
+            p.push_stack(s)?;
+        }
+        Ok(p)
+    }
+
+    /// Sample weight per stack, in first-seen order of the stacks.
+    pub fn stack_counts(&self) -> Vec<(StackId, u64)> {
+        let mut counts = vec![0u64; self.stacks.len()];
+        for (k, c) in &self.counts {
+            counts[k.stack.0 as usize] += c.weight;
+        }
+        counts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, c)| *c > 0)
+            .map(|(i, c)| (StackId(i as u32), c))
+            .collect()
+    }
+
+    /// Number of distinct processes with samples.
+    pub fn process_count(&self) -> usize {
+        self.pids.len()
+    }
+
+    /// Folded-stack lines (`a;b;c count`), sorted, as FlameGraph's stackcollapse tools print.
+    /// `;` inside a label is replaced by `:` and line breaks by spaces, so every line parses.
+    pub fn folded_lines(&self) -> Vec<String> {
+        let mut agg: BTreeMap<String, u64> = BTreeMap::new();
+        for (sid, count) in self.stack_counts() {
+            let key = self
+                .stack(sid)
+                .iter()
+                .map(|f| sanitize_label(&self.frame(*f).label_as(self.file_names)))
+                .collect::<Vec<_>>()
+                .join(";");
+            *agg.entry(key).or_default() += count;
+        }
+        agg.into_iter().map(|(k, c)| format!("{k} {c}")).collect()
+    }
+}
+
+/// Why [`Profile::from_parts`] refused its parts. Displays as one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartsError {
+    /// More frames or stacks than a 32-bit id can name.
+    #[error("more than 2^32 frames or stacks")]
+    TooMany,
+    /// A frame equal to an earlier one.
+    #[error("frame {frame} is a duplicate of an earlier frame")]
+    DuplicateFrame {
+        /// Its index.
+        frame: usize,
+    },
+    /// A stack equal to an earlier one.
+    #[error("stack {stack} is a duplicate of an earlier stack")]
+    DuplicateStack {
+        /// Its index.
+        stack: usize,
+    },
+    /// A stack names a frame that does not exist.
+    #[error("stack {stack} refers to frame {frame}, but there are {frames} frames")]
+    FrameOutOfRange {
+        /// The stack's index.
+        stack: usize,
+        /// The frame id it names.
+        frame: u32,
+        /// Number of frames.
+        frames: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{FrameKind, GilState, ThreadState};
+    use super::*;
+
+    fn sample(p: &mut Profile, names: &[&str], pid: u32) -> Sample {
+        let ids: Vec<FrameId> = names
+            .iter()
+            .map(|n| p.intern_frame(Frame::new(FrameKind::Native, *n)))
+            .collect();
+        let stack = p.intern_stack(&ids);
+        let comm = p.intern_name("x");
+        let s = Sample {
+            key: SampleKey {
+                stack,
+                pid,
+                tid: pid,
+                comm,
+                thread: comm,
+                gil: GilState::Unknown,
+                state: ThreadState::OnCpu,
+            },
+            time_ns: 0,
+            cpu: 0,
+            weight: 1,
+        };
+        p.add(&s);
+        s
+    }
+
+    #[test]
+    fn samples_are_counted_by_key_with_interned_frames_and_stacks() {
+        let mut p = Profile::default();
+        sample(&mut p, &["a", "b"], 1);
+        sample(&mut p, &["a", "b"], 1);
+        sample(&mut p, &["a", "c"], 2);
+        assert_eq!(p.frames().len(), 3);
+        assert_eq!(p.names.len(), 1);
+        assert_eq!(p.counts().len(), 2, "one entry per key, not per sample");
+        assert_eq!(
+            p.counts()[0].1,
+            Counts {
+                samples: 2,
+                weight: 2
+            }
+        );
+        assert_eq!(p.stack_counts(), vec![(StackId(0), 2), (StackId(1), 1)]);
+        assert_eq!((p.sample_count(), p.total_weight()), (3, 3));
+        assert_eq!(p.process_count(), 2);
+        assert_eq!(
+            p.folded_lines(),
+            vec!["a;b 2".to_string(), "a;c 1".to_string()]
+        );
+        assert!(p.timeline().is_none(), "no timeline unless asked");
+        // Weights count, samples too.
+        let mut heavy = sample(&mut p, &["a", "c"], 2);
+        heavy.weight = 5;
+        p.add(&heavy);
+        assert_eq!(
+            p.counts()[1].1,
+            Counts {
+                samples: 3,
+                weight: 7
+            }
+        );
+    }
+
+    #[test]
+    fn from_parts_keeps_ids_and_checks_indices() {
+        let mut orig = Profile::default();
+        orig.keep_timeline();
+        sample(&mut orig, &["a", "b"], 1);
+        sample(&mut orig, &["a", "c"], 2);
+        let parts = || {
+            (
+                orig.meta.clone(),
+                orig.frames().to_vec(),
+                orig.stacks().to_vec(),
+            )
+        };
+        let (meta, frames, stacks) = parts();
+        let mut copy = Profile::from_parts(meta, frames, stacks).unwrap();
+        for s in orig.timeline().unwrap() {
+            copy.add(s);
+        }
+        assert_eq!(copy.frames(), orig.frames());
+        assert_eq!(copy.stacks(), orig.stacks());
+        assert_eq!(copy.counts(), orig.counts());
+        assert_eq!(copy.folded_lines(), orig.folded_lines());
+
+        let (meta, mut frames, stacks) = parts();
+        frames[2] = frames[0].clone();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks).unwrap_err(),
+            PartsError::DuplicateFrame { frame: 2 }
+        );
+        let (meta, frames, mut stacks) = parts();
+        stacks[1] = vec![FrameId(0), FrameId(3)].into();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks).unwrap_err(),
+            PartsError::FrameOutOfRange {
+                stack: 1,
+                frame: 3,
+                frames: 3
+            }
+        );
+        let (meta, frames, mut stacks) = parts();
+        stacks[1] = stacks[0].clone();
+        assert_eq!(
+            Profile::from_parts(meta, frames, stacks).unwrap_err(),
+            PartsError::DuplicateStack { stack: 1 }
+        );
+    }
+
+    #[test]
+    fn take_counts_keeps_interned_ids() {
+        let mut p = Profile::default();
+        let first = sample(&mut p, &["a", "b"], 1);
+        let taken = p.take_counts();
+        assert_eq!(taken.len(), 1);
+        assert!(p.counts().is_empty());
+        assert_eq!(p.sample_count(), 0);
+        let again = sample(&mut p, &["a", "b"], 1);
+        assert_eq!(again.key, first.key);
+        assert_eq!(p.frames().len(), 2);
+    }
+}
