@@ -1,9 +1,11 @@
 //! `record` flags that no other test exercises, each with an assertion that fails when the flag
 //! does nothing: `-r` (samples per second of CPU time), SIGTERM (stops and writes, like
-//! Ctrl-C), `-q` (no progress line on a terminal), `-s` (children of `-p` targets) and
-//! `--stack-size` (how much user stack `--native` copies). Runs last until the workloads had
+//! Ctrl-C), `-q` (no progress line on a terminal), `-s` (children of `-p` targets),
+//! `--stack-size` (how much user stack `--native` copies), `--ring-size` (losses counted), and
+//! flame-graph widths against the counts. Runs last until the workloads had
 //! enough CPU time while sampled, not a fixed wall-clock time (see `common::wait_cpu`).
 
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -288,4 +290,176 @@ fn stack_size_bounds_the_native_unwind() {
             );
         }
     }
+}
+
+/// The flame graph of a run equals its collapsed stacks (both written by the same run): every
+/// frame's `N samples` is its box's `fg:w`, its width is N / total of the image, and per depth
+/// and name the counts add up to the collapsed stacks' counts with that frame at that depth.
+#[test]
+fn flame_graph_widths_match_the_counts() {
+    if !require_root() {
+        return;
+    }
+    let hot = start_hot();
+    let py = spawn_until(
+        Command::new("python3").args(["-c", "while True: pass"]),
+        Duration::from_secs(5),
+        |_| true,
+    );
+    let dir = out_dir("widths");
+    let (svg_path, txt) = (dir.join("run.svg"), dir.join("run.txt"));
+    let (hot_pid, py_pid) = (hot.pid().to_string(), py.pid().to_string());
+    let mut cmd = pyebpf(&[
+        "record", "-p", &hot_pid, "-p", &py_pid, "--native", "-d", "60",
+    ]);
+    cmd.arg("-o").arg(&svg_path).arg("-o").arg(&txt);
+    let rec = Recorder::start(cmd);
+    wait_cpu(
+        &[
+            (&Cpu::process(hot.pid()), 0.5),
+            (&Cpu::process(py.pid()), 0.5),
+        ],
+        Duration::from_secs(40),
+    );
+    rec.signal(libc::SIGINT);
+    let (st, err) = rec.finish();
+    assert!(st.success(), "{st}: {err}");
+    let folded = parse_folded(&std::fs::read_to_string(&txt).unwrap());
+    let total: u64 = folded.iter().map(|(_, c)| c).sum();
+    let mut want: BTreeMap<(usize, String), u64> = BTreeMap::default();
+    for (stack, n) in &folded {
+        for (depth, f) in stack.split(';').enumerate() {
+            *want.entry((depth + 1, f.to_string())).or_default() += n;
+        }
+    }
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, opts).unwrap();
+    // (title, y, width %, fg:w) of every frame box.
+    let mut boxes = Vec::new();
+    for g in doc.descendants().filter(|n| n.has_tag_name("g")) {
+        let (Some(title), Some(rect)) = (
+            g.children().find(|n| n.has_tag_name("title")),
+            g.children().find(|n| n.has_tag_name("rect")),
+        ) else {
+            continue;
+        };
+        let title = title.text().unwrap_or_default().to_string();
+        let top: u64 = rect.attribute("y").unwrap().parse().unwrap();
+        let width: f64 = rect
+            .attribute("width")
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        let weight: u64 = rect.attributes().find(|a| a.name() == "w").map_or_else(
+            || panic!("no fg:w on {title}"),
+            |a| a.value().parse().unwrap(),
+        );
+        boxes.push((title, top, width, weight));
+    }
+    let all = boxes
+        .iter()
+        .find(|b| b.0.starts_with("all ("))
+        .expect("no `all` box");
+    assert_eq!(all.3, total, "`all` is the collapsed total");
+    let mut got: BTreeMap<(usize, String), u64> = BTreeMap::default();
+    for (title, y, width, w) in &boxes {
+        let (name, rest) = title.rsplit_once(" (").unwrap();
+        let n: u64 = rest
+            .split_once(' ')
+            .unwrap()
+            .0
+            .replace(',', "")
+            .parse()
+            .unwrap();
+        assert_eq!(n, *w, "{title}: title and fg:w");
+        let share = 100.0 * *w as f64 / total as f64;
+        assert!(
+            (width - share).abs() < 0.01,
+            "{title}: width {width}% for {w} of {total}"
+        );
+        if name != "all" {
+            let depth = usize::try_from((all.1 - y) / 16).unwrap();
+            *got.entry((depth, name.to_string())).or_default() += w;
+        }
+    }
+    assert_eq!(
+        got, want,
+        "flame graph boxes vs collapsed stacks, per depth and name"
+    );
+}
+
+/// `--ring-size`: the smallest ring `--native --stack-size 65536` accepts (512 KiB: seven
+/// samples of ~70 KiB) cannot hold 10 000 samples per second per CPU of a busy target, so
+/// samples are lost and counted; sizes that are no power of two or hold fewer than four samples
+/// are usage errors (status 2) before sampling.
+#[test]
+fn ring_size_bounds_the_ring_and_losses_are_counted() {
+    if !require_root() {
+        return;
+    }
+    let hot = start_hot();
+    let pid = hot.pid().to_string();
+    let dir = out_dir("ring-size");
+    let out = dir.join("ring.txt");
+    for (size, needle) in [
+        ("262144", "invalid --ring-size 262144"),
+        ("3000000", "invalid --ring-size 3000000"),
+    ] {
+        let o = run(pyebpf(&[
+            "record",
+            "-p",
+            &pid,
+            "--native",
+            "--stack-size",
+            "65536",
+            "--ring-size",
+            size,
+            "-d",
+            "1",
+            "-o",
+        ])
+        .arg(&out));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--ring-size {size}: {err}");
+        assert!(
+            err.starts_with(&format!("pyebpf: {needle}")),
+            "--ring-size {size}: {err}"
+        );
+        assert!(!out.exists(), "--ring-size {size} wrote a file");
+    }
+    let mut c = pyebpf(&[
+        "record",
+        "-p",
+        &pid,
+        "-r",
+        "10000",
+        "--native",
+        "--stack-size",
+        "65536",
+        "--ring-size",
+        "524288",
+        "-f",
+        "collapsed",
+        "-d",
+        "60",
+        "-o",
+    ]);
+    c.arg(&out);
+    let rec = Recorder::start(c);
+    wait_cpu(&[(&Cpu::process(hot.pid()), 1.0)], Duration::from_secs(40));
+    rec.signal(libc::SIGINT);
+    let (st, err) = rec.finish();
+    assert!(st.success(), "{st}: {err}");
+    let lost = lost_samples(&err);
+    assert!(lost > 0, "a 512 KiB ring at 10 kHz lost nothing:\n{err}");
+    assert!(
+        err.contains(&format!("lost_samples {lost}")),
+        "the errors line counts the {lost} lost samples:\n{err}"
+    );
+    assert!(count_of(&out, hot.pid()) > 0, "{err}");
 }

@@ -471,11 +471,21 @@ fn go_tool_pprof_reads_native_profile_3_12() {
         bad.is_empty(),
         "samples under `{thread}` must carry labels thread=spinner tid={tid}:\n{bad}"
     );
-    // Native frames made it: more functions than the Python and synthetic ones.
+    // Native frames made it, under most samples: the thread's entry in libc (`start_thread`)
+    // and in libpython (`thread_run`), below every frame of the spinner.
+    let start_thread = row(&r, "start_thread");
     assert!(
-        r.top.len() > 8,
-        "--native: only {} functions in go tool pprof -top:\n{}",
-        r.top.len(),
+        most_of(start_thread.cum, n),
+        "--native: `start_thread` is under {} of {n} samples in go tool pprof -top:\n{}",
+        start_thread.cum,
+        r.top_text
+    );
+    // The interpreter's C entry of a `threading` thread (Modules/_threadmodule.c).
+    let thread_run = row(&r, "thread_run");
+    assert!(
+        most_of(thread_run.cum, n),
+        "--native: libpython's `thread_run` is under {} of {n} samples:\n{}",
+        thread_run.cum,
         r.top_text
     );
 }

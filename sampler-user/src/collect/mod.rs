@@ -213,6 +213,7 @@ impl Collector {
         }
         raise_memlock_limit();
         let features = KernelFeatures::probe(&btf::path());
+        tracing::debug!("start-up: kernel BTF read, features probed");
         let plan = Plan::choose(cfg, &features)?;
         // The perf-event fallback of the fork program reads its record layout from tracefs.
         let fork = if plan.fork == Some(programs::FORK_TRACEPOINT) {
@@ -243,6 +244,7 @@ impl Collector {
             cfg.idle,
             aya_btf.as_ref(),
         )?;
+        tracing::debug!("start-up: eBPF object parsed, maps created");
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
             Err(err) => {
@@ -252,7 +254,9 @@ impl Collector {
         };
         let maps = Maps::take(&mut ebpf, cfg, &features)?;
         attach::process_events(&mut ebpf, plan.fork)?;
+        tracing::debug!("start-up: process-event programs verified and attached");
         let cpus = attach::perf_events(&mut ebpf, plan.sampler.variant.program, cfg.frequency_hz)?;
+        tracing::debug!("start-up: sampling program verified and attached");
         if let (Some(choice), Some(btf)) = (&plan.switch, &aya_btf) {
             attach::offcpu(&mut ebpf, choice.variant.program, btf)?;
         }

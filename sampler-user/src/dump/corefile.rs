@@ -182,7 +182,7 @@ fn native_threads(
                         bp: t.regs.rbp,
                     };
                     NativeDump {
-                        merged: stages.thread(pid, regs, &stack, &py.items),
+                        merged: stages.thread(pid, regs, &stack, &py.items, !py.truncated),
                         pause_us: None,
                         error: None,
                     }

@@ -242,7 +242,7 @@ fn native_threads(
                     pauses.max_us = pauses.max_us.max(pause_us);
                     pauses.total_us += pause_us;
                     NativeDump {
-                        merged: stages.thread(pid, regs, &stack, &py.items),
+                        merged: stages.thread(pid, regs, &stack, &py.items, !py.truncated),
                         pause_us: Some(pause_us),
                         error: None,
                     }

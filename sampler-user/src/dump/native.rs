@@ -118,6 +118,7 @@ impl NativeStages {
         regs: UserRegs,
         stack: &CopiedStack,
         chain: &[ChainItem],
+        chain_complete: bool,
     ) -> Merged {
         let unwound =
             self.unwinder
@@ -146,7 +147,13 @@ impl NativeStages {
             })
             .collect();
         let mut root_first = Vec::with_capacity(items.len() + py.len() + 1);
-        let outcome = merge::merge(&items, &py, MixedFrame::Mismatch, &mut root_first);
+        let outcome = merge::merge(
+            &items,
+            &py,
+            chain_complete,
+            MixedFrame::Mismatch,
+            &mut root_first,
+        );
         root_first.reverse();
         Merged {
             frames: root_first,

@@ -14,8 +14,12 @@
 //! `.part`/`.isra`/`.constprop` clone that the main symbol *calls* is a second native frame of
 //! the same activation: it is folded into its caller, see [`Role::EvalClone`]). With as many
 //! eval-loop frames as groups, the k-th eval-loop frame from the innermost is replaced by the
-//! k-th group. Otherwise the sample is kept unmerged — native frames, a marker, then the Python
-//! frames — and reported as a mismatch: never dropped, never guessed.
+//! k-th group. One activation more than groups, with a complete capture, is an activation caught
+//! entering or leaving: between `_PyEval_EvalFrameDefault`'s first instruction and the linking of
+//! its entry frame (or after the unlinking), the innermost activation has no frames yet — it can
+//! only be the innermost, the outer ones are suspended in calls — so it stays a native frame and
+//! the others are merged as usual. Otherwise the sample is kept unmerged — native frames, a
+//! marker, then the Python frames — and reported as a mismatch: never dropped, never guessed.
 //! Constraints: pure (no I/O), generic over the frame type, allocation-free except `out`.
 
 pub mod ehframe;
@@ -116,10 +120,13 @@ pub fn python_only<T: Copy>(py: &[PyItem<T>], out: &mut Vec<T>) {
 }
 
 /// Merges `native` and `py` (both innermost first) and appends the result to `out`, root
-/// first. `mismatch_marker` separates the two halves of an unmergeable sample.
+/// first. `mismatch_marker` separates the two halves of an unmergeable sample. `py_complete`:
+/// the capture reached the outermost frame (not truncated), so a missing group can only be the
+/// innermost activation's (see the module header).
 pub fn merge<T: Copy>(
     native: &[NativeItem<T>],
     py: &[PyItem<T>],
+    py_complete: bool,
     mismatch_marker: T,
     out: &mut Vec<T>,
 ) -> MergeOutcome {
@@ -129,7 +136,10 @@ pub fn merge<T: Copy>(
         out.extend(native.iter().rev().map(|n| n.frame));
         return MergeOutcome::NativeOnly;
     }
-    if activations != groups {
+    // The innermost activation caught entering or leaving: kept as its native frame(s).
+    // (At least one group: no frames at all is a thread state not found, not an entry.)
+    let entering = py_complete && groups > 0 && activations == groups + 1;
+    if activations != groups && !entering {
         out.extend(native.iter().rev().map(|n| n.frame));
         out.push(mismatch_marker);
         python_only(py, out);
@@ -141,9 +151,17 @@ pub fn merge<T: Copy>(
     // Walk both from the root: the outermost activation owns the outermost group. `end` is
     // the exclusive end (in `py`, innermost-first indices) of the group still to place.
     let mut end = py.len();
+    // Native index of the innermost activation's start when it has no group.
+    let frameless = if entering {
+        (0..native.len()).find(|&i| activation_at(native, i) == Some(true))
+    } else {
+        None
+    };
     for i in (0..native.len()).rev() {
         match activation_at(native, i) {
             None => out.push(native[i].frame),
+            // The frameless activation, and clones folded into it, stay native frames.
+            _ if frameless.is_some_and(|f| i <= f) => out.push(native[i].frame),
             Some(false) => {} // a clone folded into its caller's activation
             Some(true) => {
                 // The group is py[start..end]: everything after the previous entry frame,
@@ -165,7 +183,9 @@ pub fn merge<T: Copy>(
             }
         }
     }
-    MergeOutcome::Merged { activations }
+    MergeOutcome::Merged {
+        activations: activations - usize::from(frameless.is_some()),
+    }
 }
 
 #[cfg(test)]
@@ -206,8 +226,36 @@ mod tests {
 
     fn run(n: &[&'static str], p: &[&'static str]) -> (Vec<&'static str>, MergeOutcome) {
         let mut out = vec!["root"];
-        let o = merge(&native(n), &py(p), MARK, &mut out);
+        let o = merge(&native(n), &py(p), true, MARK, &mut out);
         (out, o)
+    }
+
+    #[test]
+    fn innermost_activation_caught_entering_stays_native() {
+        // `sorted(key=k)` called the key function: the eval loop for `k` has started but not
+        // yet linked its entry frame (a dump's pause landed in its prologue).
+        let (out, o) = run(
+            &["eval", "call_one_arg", "sort", "eval", "main"],
+            &["f", "|"],
+        );
+        assert_eq!(out, ["root", "main", "f", "sort", "call_one_arg", "eval"]);
+        assert_eq!(o, MergeOutcome::Merged { activations: 1 });
+        // A clone of the frameless activation stays with it.
+        let (out, _) = run(&["eval.clone", "eval", "sort", "eval", "main"], &["f", "|"]);
+        assert_eq!(out, ["root", "main", "f", "sort", "eval", "eval.clone"]);
+        // A truncated capture may have lost an outer group instead: a mismatch.
+        let mut out = vec!["root"];
+        let o = merge(
+            &native(&["eval", "sort", "eval", "main"]),
+            &py(&["k", "|"]),
+            false,
+            MARK,
+            &mut out,
+        );
+        assert!(matches!(o, MergeOutcome::Mismatch { .. }), "{out:?}");
+        // Two activations more than groups: a mismatch.
+        let (_, o) = run(&["eval", "x", "eval", "y", "eval", "main"], &["f", "|"]);
+        assert!(matches!(o, MergeOutcome::Mismatch { .. }));
     }
 
     #[test]

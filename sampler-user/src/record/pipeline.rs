@@ -154,6 +154,7 @@ impl Pipeline {
         if self.python.open_due().is_some_and(|due| now >= due) {
             self.account_open(false);
         }
+        super::release_free_memory();
     }
 
     /// `--idle`: the open off-CPU intervals as samples, up to now (`last`: closed now).

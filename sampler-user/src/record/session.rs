@@ -180,6 +180,7 @@ impl Session {
             tracker.set_offcpu(offcpu);
         }
         tracker.set_sink(Box::new(collector.take_python_procs()?));
+        tracing::debug!("start-up: collector started");
         if let Target::Pids(pids) = &cfg.target {
             // The kernel walks their Python frames from the first drained samples on. Only
             // attach results flow yet (the drain has not started).
@@ -236,6 +237,7 @@ impl Session {
             }
             Target::Command(_) => {}
         }
+        tracing::debug!("start-up: Python targets attached, processes scanned");
         // Attached, targets opened: keep only what reading targets, stopping the command and
         // writing the outputs need.
         if let Err(e) = crate::privilege::drop_capabilities(&kept_capabilities(&cfg, keep_cap_bpf))
@@ -368,7 +370,9 @@ impl Session {
             elapsed,
             drain_ended,
         } = self;
+        tracing::debug!("stop: sampling ends");
         let finished = drain.finish()?;
+        tracing::debug!("stop: collector detached and closed");
         // What the drain thread queued before it stopped, up to its last message.
         let mut ended = drain_ended;
         while !ended {
@@ -382,6 +386,7 @@ impl Session {
         }
         pipe.flush_open_intervals();
         let mut done = pipe.finish();
+        tracing::debug!("stop: queued samples built");
         done.profile.meta.duration_s = elapsed.as_secs_f64();
         let mut summary = summarize(&cfg, &mut done, &finished);
         // `-- COMMAND` still running: SIGINT, then SIGTERM (then SIGKILL), as perf does.

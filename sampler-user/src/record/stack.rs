@@ -180,7 +180,7 @@ impl StackBuilder {
             if let Some(py) = s.py {
                 let marker = profile.intern_frame(Frame::new(FrameKind::Marker, MISMATCH_MARKER));
                 if let MergeOutcome::Mismatch { .. } =
-                    merge::merge(&native, &py.items, marker, &mut stack)
+                    merge::merge(&native, &py.items, !py.truncated, marker, &mut stack)
                 {
                     self.failures.one(Failure::MergeMismatch);
                     *self.mismatches.entry(raw.pid).or_default() += 1;

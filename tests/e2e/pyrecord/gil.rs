@@ -157,10 +157,12 @@ fn ebpf_program_cost_is_reported() {
     let w39 = Workload::start(&old, "rec_spin.py", &[], &[]);
     let dir = OutDir::new("stats");
     let (pid, pid39) = (w.pid.to_string(), w39.pid.to_string());
-    let rec = record(
-        &["-p", &pid, "-p", &pid39, "-f", "collapsed", "-d", "2"],
+    let rec = record_for_cpu(
+        &["-p", &pid, "-p", &pid39, "-f", "collapsed"],
         &dir.join("stats.txt"),
         &[("PYEBPF_STATS", "1")],
+        &[(w.pid, w.tid("spinner")), (w39.pid, w39.tid("spinner"))],
+        CPU_SECS,
     );
     let families = rec
         .stderr
@@ -191,9 +193,21 @@ fn ebpf_program_cost_is_reported() {
         )),
         "the family line does not repeat the program's count {insns}: {families}"
     );
+    // The program ran for every sample of the targets (and for those of other processes).
+    let targets = total(&rec.of_pid(w.pid)) + total(&rec.of_pid(w39.pid));
+    let runs = rec
+        .stderr
+        .lines()
+        .find(|l| l.contains("eBPF sampling program:"))
+        .and_then(|l| number_before(l, " runs)"))
+        .unwrap_or(0.0);
     assert!(
-        total(&rec.of_pid(w.pid)) > 0,
-        "no samples of the target with PYEBPF_STATS=1:\n{}",
+        total(&rec.of_pid(w.pid)) >= MIN_SAMPLES
+            && total(&rec.of_pid(w39.pid)) >= MIN_SAMPLES
+            && runs >= targets as f64,
+        "PYEBPF_STATS=1: want ≥ {MIN_SAMPLES} samples of each target and the program run at \
+         least once per sample ({targets}); got {runs} runs ({}):\n{}",
+        rec.what,
         rec.stderr
     );
 }

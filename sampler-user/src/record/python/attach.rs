@@ -137,6 +137,16 @@ fn work(
                 if let Some(r) = next {
                     break r;
                 }
+                // Nothing queued: what the attaches freed goes back to the kernel.
+                drop(q);
+                crate::record::release_free_memory();
+                let Ok(relocked) = shared.0.lock() else {
+                    return;
+                };
+                q = relocked;
+                if q.closed || !q.high.is_empty() || (!urgent_only && !q.low.is_empty()) {
+                    continue;
+                }
                 q = match shared.1.wait(q) {
                     Ok(q) => q,
                     Err(_) => return,
