@@ -73,7 +73,8 @@ pub const KERNEL_STACK_DEPTH: usize = 127;
 /// Maximum number of pids in [`maps::TARGET_PIDS`].
 pub const TARGET_PIDS_ENTRIES: u32 = 4096;
 /// Entries of [`maps::OFFCPU`] with `--idle` (1 otherwise): target threads followed off-CPU at
-/// once. Preallocated: about 6.3 KiB each (26 MiB of kernel memory in all).
+/// once. Preallocated: about 12.4 KiB each (a Python capture of 256 48-byte frames; 50 MiB of
+/// kernel memory in all).
 pub const OFFCPU_ENTRIES: u32 = 4096;
 /// Default ring buffer size in bytes (power of two multiple of the page size).
 pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
@@ -156,6 +157,10 @@ pub const PY_NO_OFFSET: u32 = u32::MAX;
 /// for a 3.8/3.9 `PyFrameObject` up to `f_lasti`, 72–80 for a `_PyInterpreterFrame`). Frame
 /// field offsets must lie inside the bytes read ([`PyProcInfo::frame_offsets_fit`]).
 pub const PY_FRAME_HEADER_BYTES: u32 = 128;
+/// Most bytes of a code object the kernel reads in one piece to check a frame
+/// ([`PyProcInfo::code_read_bytes`]: up to `co_qualname`, 136 bytes in default builds and 152
+/// in free-threaded ones). Code field offsets must lie inside the bytes read.
+pub const PY_CODE_HEADER_BYTES: u32 = 192;
 
 /// What the in-kernel Python walk needs for one process; derived by user space from the
 /// process's `RuntimeLayout` (its `_Py_DebugOffsets`) and written to `PY_PROCS`.
@@ -166,6 +171,9 @@ pub const PY_FRAME_HEADER_BYTES: u32 = 128;
 pub struct PyProcInfo {
     /// Address of `_PyRuntime` in the target.
     pub runtime_addr: u64,
+    /// Address of `PyCode_Type` in the target: a frame whose code object has another type is
+    /// invalid (the walk stops there). 0 when unknown (then the type is not checked).
+    pub code_type: u64,
     /// Device of the target's pid namespace (for `bpf_get_ns_current_pid_tgid`); 0 when the
     /// target shares the initial pid namespace (compare host tids directly).
     pub pidns_dev: u64,
@@ -233,9 +241,34 @@ pub struct PyProcInfo {
     /// included): a thread blocked in `futex` on an address inside it waits for the GIL. 0
     /// when unknown.
     pub gil_size: u32,
+    /// `_PyStackRef` tag bits of `f_executable` (3.14+: 3), masked off before it is read as a
+    /// code object pointer; 0 before.
+    pub executable_tag_mask: u32,
+    /// `PyObject.ob_type`, in the code object (8; 24 in free-threaded builds).
+    pub code_ob_type: u32,
+    /// `PyCodeObject.co_qualname` (3.11+), else `co_name`: recorded per frame.
+    pub code_name: u32,
+    /// `PyCodeObject.co_filename`: recorded per frame.
+    pub code_filename: u32,
+    /// `PyCodeObject.co_firstlineno` (int): its low 16 bits are recorded per frame.
+    pub code_firstlineno: u32,
+    /// Bytes of the code object read per frame: every code field lies inside them; at most
+    /// [`PY_CODE_HEADER_BYTES`].
+    pub code_read_bytes: u32,
+    /// The largest valid `owner` (3.11: 2, 3.12/3.13/3.15: 3, 3.14: 4); a frame with a larger
+    /// one is invalid. `PY_NO_OFFSET` when frames have no owner (≤ 3.10).
+    pub owner_max: u32,
+    /// Frames with `owner >= shim_owner` are entry (shim) frames: no Python code, no code
+    /// object to check. `PY_NO_OFFSET` when there are none (≤ 3.11).
+    pub shim_owner: u32,
+    /// `_PyInterpreterFrame.f_globals` (≤ 3.10: `PyFrameObject.f_globals`); `PY_NO_OFFSET`
+    /// when unknown.
+    pub frame_globals: u32,
+    /// `_PyInterpreterFrame.f_locals`; `PY_NO_OFFSET` when unknown.
+    pub frame_locals: u32,
 }
-// 3 words and 24 ints: no implicit padding.
-const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 3 * 8 + 24 * 4);
+// 4 words and 34 ints: no implicit padding.
+const _: () = assert!(core::mem::size_of::<PyProcInfo>() == 4 * 8 + 34 * 4);
 
 impl PyProcInfo {
     /// Whether the frame offsets fit the kernel's one-read frame header: `frame_read_bytes` a
@@ -261,10 +294,35 @@ impl PyProcInfo {
             && byte(self.frame_owner, n)
             && byte(self.frame_is_entry, n)
             && (self.frame_tlbc_index == PY_NO_OFFSET || word(self.frame_tlbc_index, 4, n))
+            && (self.frame_globals == PY_NO_OFFSET || word(self.frame_globals, 8, n))
+            && (self.frame_locals == PY_NO_OFFSET || word(self.frame_locals, 8, n))
+            && self.code_fields_fit()
+    }
+
+    /// Whether the code fields fit the kernel's one-read code header: `code_read_bytes` a
+    /// multiple of 8 in `8..=PY_CODE_HEADER_BYTES`, the pointers (`ob_type`, name, file name)
+    /// 8-aligned inside it, `co_firstlineno` 4-aligned inside it.
+    #[must_use]
+    pub const fn code_fields_fit(&self) -> bool {
+        const fn word(off: u32, size: u32, n: u32) -> bool {
+            off.is_multiple_of(size) && off <= n - size
+        }
+        let n = self.code_read_bytes;
+        if n < 8 || n > PY_CODE_HEADER_BYTES || !n.is_multiple_of(8) {
+            return false;
+        }
+        word(self.code_ob_type, 8, n)
+            && word(self.code_name, 8, n)
+            && word(self.code_filename, 8, n)
+            && word(self.code_firstlineno, 4, n)
     }
 }
 
-/// One Python frame as captured in the kernel: raw values, decoded by user space.
+/// One Python frame as captured in the kernel: raw values, decoded by user space. The kernel
+/// has checked the frame (see [`py_flags::INVALID_FRAME`]); the code object's name, file name
+/// and first line as they were at the sample identify it later, when user space reads it (a
+/// code object can be freed, and its address reused, before then: a module body once its
+/// import finished, code run by `exec`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyFrameRecord {
@@ -272,16 +330,26 @@ pub struct PyFrameRecord {
     pub executable: u64,
     /// Raw `instr_ptr` (3.12: `prev_instr`).
     pub instr_ptr: u64,
+    /// The code object's `co_qualname` (≤ 3.10: `co_name`) pointer at the sample; 0 for an
+    /// entry frame.
+    pub name: u64,
+    /// The code object's `co_filename` pointer at the sample; 0 for an entry frame.
+    pub filename: u64,
+    /// `f_globals` when it is also the frame's `f_locals` (module-level code: a module body,
+    /// code run by `exec` in one namespace), else 0: names such a frame by its module when its
+    /// code object and names were freed before user space read them.
+    pub globals: u64,
     /// `tlbc_index` (3.14t), else 0.
     pub tlbc_index: i32,
     /// `owner` byte (0 where frames have none).
     pub owner: u8,
     /// `is_entry` byte (3.11; 0 elsewhere).
     pub is_entry: u8,
-    /// Explicit padding.
-    pub _pad: [u8; 2],
+    /// The low 16 bits of the code object's `co_firstlineno` at the sample (0 for an entry
+    /// frame).
+    pub first_line: u16,
 }
-const _: () = assert!(core::mem::size_of::<PyFrameRecord>() == 24);
+const _: () = assert!(core::mem::size_of::<PyFrameRecord>() == 48);
 
 /// Flags of a [`PyCapture`].
 pub mod py_flags {
@@ -299,6 +367,11 @@ pub mod py_flags {
     pub const READ_ERROR: u32 = 1 << 3;
     /// The thread state came from the `PY_TSTATES` cache.
     pub const CACHE_HIT: u32 = 1 << 4;
+    /// The walk stopped at an invalid frame (the frames before it are valid): its code object
+    /// was unreadable, misaligned or not of type `PyCode_Type`, its `owner` out of range, or
+    /// its `previous` pointed at itself. A frame being pushed at the sample instant (3.11/3.12
+    /// link a new activation's first frame into the chain in two stores) shows this way.
+    pub const INVALID_FRAME: u32 = 1 << 5;
 }
 
 /// The Python part of a sample of a known Python process. Follows the stack bytes in the
@@ -323,7 +396,7 @@ pub struct PyCapture {
     /// The frames; only the first `nframes` are valid.
     pub frames: [PyFrameRecord; PY_MAX_FRAMES],
 }
-const _: () = assert!(core::mem::size_of::<PyCapture>() == 32 + 24 * PY_MAX_FRAMES);
+const _: () = assert!(core::mem::size_of::<PyCapture>() == 32 + 48 * PY_MAX_FRAMES);
 
 /// Kinds of events in the `EVENTS` ring buffer.
 pub mod event_kind {
@@ -553,10 +626,13 @@ pub enum Counter {
     /// another stack (`-EEXIST`; replacing it would give earlier samples that name the bucket
     /// the wrong stack). The sample is kept without its kernel frames.
     KernelStackCollisions = 25,
+    /// Python-process samples whose walk stopped at an invalid frame
+    /// (`py_flags::INVALID_FRAME`).
+    PyInvalidFrames = 26,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 26;
+pub const COUNTERS_LEN: u32 = 27;
 
 impl Counter {
     /// Every counter, in index order.
@@ -587,6 +663,7 @@ impl Counter {
         Counter::OffCpuLost,
         Counter::OffCpuMapFull,
         Counter::KernelStackCollisions,
+        Counter::PyInvalidFrames,
     ];
 
     /// Short, stable name for summaries.
@@ -619,6 +696,7 @@ impl Counter {
             Counter::OffCpuLost => "offcpu_lost",
             Counter::OffCpuMapFull => "offcpu_map_full",
             Counter::KernelStackCollisions => "kernel_stack_collisions",
+            Counter::PyInvalidFrames => "py_invalid_frames",
         }
     }
 }
@@ -769,7 +847,97 @@ mod tests {
             frame_is_entry: PY_NO_OFFSET,
             frame_tlbc_index: tlbc,
             frame_read_bytes: 80,
-            ..PyProcInfo::default()
+            ..CODE_312
+        }
+    }
+
+    /// The code fields of a 3.12–3.15 default build: `ob_type` @8, `co_firstlineno` @68,
+    /// `co_filename` @112, `co_qualname` @128, read as 136 bytes.
+    const CODE_312: PyProcInfo = PyProcInfo {
+        runtime_addr: 0,
+        code_type: 0,
+        pidns_dev: 0,
+        pidns_ino: 0,
+        interpreters_head: 0,
+        interp_next: 0,
+        threads_head: 0,
+        interp_ceval_gil: 0,
+        interp_gil_struct: 0,
+        runtime_gil: 0,
+        tstate_next: 0,
+        tstate_interp: 0,
+        tstate_native_thread_id: 0,
+        tstate_pthread_id: 0,
+        task_fsbase: 0,
+        tstate_current_frame: 0,
+        cframe_current_frame: 0,
+        frame_previous: 0,
+        frame_executable: 0,
+        frame_instr_ptr: 0,
+        frame_owner: 0,
+        frame_is_entry: 0,
+        frame_read_bytes: 0,
+        frame_tlbc_index: 0,
+        gil_locked: 0,
+        gil_holder: 0,
+        gil_enabled: 0,
+        gil_size: 0,
+        executable_tag_mask: 0,
+        code_ob_type: 8,
+        code_name: 128,
+        code_filename: 112,
+        code_firstlineno: 68,
+        code_read_bytes: 136,
+        owner_max: 3,
+        shim_owner: 3,
+        frame_globals: 24,
+        frame_locals: 40,
+    };
+
+    #[test]
+    fn code_fields_outside_the_header_or_misaligned_do_not_fit() {
+        assert!(CODE_312.code_fields_fit());
+        // 3.13t: +16 for the longer object header; read as 152 bytes.
+        let ft = PyProcInfo {
+            code_ob_type: 24,
+            code_name: 144,
+            code_filename: 128,
+            code_firstlineno: 84,
+            code_read_bytes: 152,
+            ..CODE_312
+        };
+        assert!(ft.code_fields_fit());
+        for bad_len in [0, 4, 132, PY_CODE_HEADER_BYTES + 8] {
+            let i = PyProcInfo {
+                code_read_bytes: bad_len,
+                ..CODE_312
+            };
+            assert!(!i.code_fields_fit(), "read {bad_len}");
+            assert!(!info(70, PY_NO_OFFSET).with_code(i).frame_offsets_fit());
+        }
+        for (field, bad) in [(0, 12), (1, 132), (2, 4), (3, 134), (3, 66)] {
+            let mut i = CODE_312;
+            match field {
+                0 => i.code_ob_type = bad,
+                1 => i.code_name = bad,
+                2 => i.code_filename = bad,
+                _ => i.code_firstlineno = bad,
+            }
+            assert!(!i.code_fields_fit(), "field {field} @{bad}");
+        }
+    }
+
+    impl PyProcInfo {
+        /// `self` with the code fields of `c`.
+        fn with_code(self, c: PyProcInfo) -> PyProcInfo {
+            PyProcInfo {
+                code_ob_type: c.code_ob_type,
+                code_name: c.code_name,
+                code_filename: c.code_filename,
+                code_firstlineno: c.code_firstlineno,
+                code_read_bytes: c.code_read_bytes,
+                ..self
+            }
         }
     }
 
@@ -788,7 +956,7 @@ mod tests {
             frame_is_entry: 68,
             frame_tlbc_index: PY_NO_OFFSET,
             frame_read_bytes: 72,
-            ..PyProcInfo::default()
+            ..CODE_312
         };
         assert!(v311.frame_offsets_fit());
         // 3.8/3.9 `PyFrameObject`: f_back @24, f_code @32, f_lasti @104, no owner, 112 bytes.
@@ -800,7 +968,7 @@ mod tests {
             frame_is_entry: PY_NO_OFFSET,
             frame_tlbc_index: PY_NO_OFFSET,
             frame_read_bytes: 112,
-            ..PyProcInfo::default()
+            ..CODE_312
         };
         assert!(v39.frame_offsets_fit());
         for bad_len in [0, 4, 108, 136] {
@@ -874,6 +1042,17 @@ mod tests {
             gil_holder: 0,
             gil_enabled: PY_NO_OFFSET,
             gil_size: 208,
+            code_type: 0x9a_0000,
+            executable_tag_mask: 3,
+            code_ob_type: 8,
+            code_name: 128,
+            code_filename: 112,
+            code_firstlineno: 68,
+            code_read_bytes: 136,
+            owner_max: 4,
+            shim_owner: 3,
+            frame_globals: 24,
+            frame_locals: 40,
         };
         assert_eq!(decode::<PyProcInfo>(encode(&info)), Some(info));
         let mut cap = PyCapture {
@@ -888,13 +1067,16 @@ mod tests {
         cap.frames[1] = PyFrameRecord {
             executable: 0x7f00_1234_5679,
             instr_ptr: 0x7f00_1234_6000,
+            name: 0x7f00_0000_0010,
+            filename: 0x7f00_0000_0020,
+            globals: 0x7f00_0000_0030,
             tlbc_index: -1,
             owner: 3,
             is_entry: 1,
-            _pad: [0; 2],
+            first_line: 0xbeef,
         };
         let bytes = encode(&cap);
-        assert_eq!(bytes.len(), 32 + 24 * PY_MAX_FRAMES);
+        assert_eq!(bytes.len(), 32 + 48 * PY_MAX_FRAMES);
         let back = decode::<PyCapture>(bytes).unwrap();
         assert_eq!(
             (
@@ -907,10 +1089,15 @@ mod tests {
         );
         assert_eq!((back.nframes, back.flags), (cap.nframes, cap.flags));
         assert_eq!(back.frames, cap.frames);
-        // The frame records start right after the 32-byte header, 24 bytes each.
-        assert_eq!(bytes[32 + 24 + 20], 3, "owner of frame 1");
-        assert_eq!(bytes[32 + 24 + 21], 1, "is_entry of frame 1");
-        assert_eq!(&bytes[32 + 24 + 16..32 + 24 + 20], &(-1i32).to_le_bytes());
+        // The frame records start right after the 32-byte header, 48 bytes each.
+        let f1 = 32 + 48;
+        assert_eq!(&bytes[f1 + 16..f1 + 24], &0x7f00_0000_0010u64.to_le_bytes());
+        assert_eq!(&bytes[f1 + 24..f1 + 32], &0x7f00_0000_0020u64.to_le_bytes());
+        assert_eq!(&bytes[f1 + 32..f1 + 40], &0x7f00_0000_0030u64.to_le_bytes());
+        assert_eq!(&bytes[f1 + 40..f1 + 44], &(-1i32).to_le_bytes());
+        assert_eq!(bytes[f1 + 44], 3, "owner of frame 1");
+        assert_eq!(bytes[f1 + 45], 1, "is_entry of frame 1");
+        assert_eq!(&bytes[f1 + 46..f1 + 48], &0xbeefu16.to_le_bytes());
     }
 
     #[test]
@@ -946,7 +1133,7 @@ mod tests {
             },
         };
         let bytes = encode(&rec);
-        assert_eq!(bytes.len(), 96 + 40 + 32 + 24 * PY_MAX_FRAMES);
+        assert_eq!(bytes.len(), 96 + 40 + 32 + 48 * PY_MAX_FRAMES);
         let back = decode::<OffCpuRecord>(bytes).unwrap();
         assert_eq!((back.event, back.off), (rec.event, rec.off));
         // The interval right after the sample header, the capture right after it.

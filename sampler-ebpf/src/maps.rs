@@ -34,19 +34,24 @@ pub static PY_PROCS: HashMap<u32, PyProcInfo> = HashMap::with_max_entries(PY_PRO
 #[map(name = "PY_TSTATES")]
 pub static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PY_TSTATES_ENTRIES, 0);
 
-/// Words of the frame-header scratch buffer: a power of two, so that masking a word index with
-/// `SCRATCH_WORDS - 1` keeps every access inside it (the verifier wants bounds it can see),
-/// and twice `PY_FRAME_HEADER_BYTES`, so that the read length masked with `FRAME_LEN_MASK`
-/// (at most 248) fits too.
-pub const SCRATCH_WORDS: usize = 32;
+/// Words of each half of the scratch buffer (the frame header in the first, the code object
+/// header in the second): a power of two, so that masking a word index with
+/// `SCRATCH_HALF_WORDS - 1` keeps every access inside its half (the verifier wants bounds it
+/// can see), and twice the largest header read, so that a read length masked with
+/// `python::READ_LEN_MASK` (at most 248) fits too.
+pub const SCRATCH_HALF_WORDS: usize = 32;
+/// Words of the whole scratch buffer.
+pub const SCRATCH_WORDS: usize = 2 * SCRATCH_HALF_WORDS;
 const _: () = assert!(
-    SCRATCH_WORDS.is_power_of_two()
-        && SCRATCH_WORDS * 8 >= 2 * sampler_common::PY_FRAME_HEADER_BYTES as usize
+    SCRATCH_HALF_WORDS.is_power_of_two()
+        && SCRATCH_HALF_WORDS * 8 >= 2 * sampler_common::PY_FRAME_HEADER_BYTES as usize
+        && SCRATCH_HALF_WORDS * 8 >= sampler_common::PY_CODE_HEADER_BYTES as usize
+        && SCRATCH_HALF_WORDS * 8 > 0xf8
 );
 
-/// One frame header read from the target (`PY_FRAME_HEADER_BYTES` of it are used). Per-CPU
-/// map memory rather than the 512-byte BPF stack, and because variable-offset reads of map
-/// values are what the verifier handles best.
+/// One frame header and the header of its code object, read from the target. Per-CPU map
+/// memory rather than the 512-byte BPF stack, and because variable-offset reads of map values
+/// are what the verifier handles best.
 #[map(name = "PY_SCRATCH")]
 pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
@@ -55,14 +60,14 @@ pub static PY_SCRATCH: PerCpuArray<[u64; SCRATCH_WORDS]> = PerCpuArray::with_max
 #[map(name = "PY_WALK")]
 pub static PY_WALK: PerCpuArray<crate::python::ThreadWalk> = PerCpuArray::with_max_entries(1, 0);
 
-/// The frame walk's state between calls of the bounded variant's global step function
-/// (`variant::pyebpf_frame_step`); its pointer fields are unused there (set on each call).
+/// The frame walk's state between calls of the global step function
+/// (`variant::pyebpf_frame_step`, both variants).
 #[map(name = "PY_FRAME_WALK")]
 pub static PY_FRAME_WALK: PerCpuArray<crate::python::FrameWalk> =
     PerCpuArray::with_max_entries(1, 0);
 
-/// The frames of the bounded variant's walk, copied into the ring-buffer record at its end (a
-/// global function cannot write into the record).
+/// The frames of the walk, copied into the ring-buffer record at its end (a global function
+/// cannot write into the record).
 #[map(name = "PY_FRAMES")]
 pub static PY_FRAMES: PerCpuArray<[PyFrameRecord; PY_MAX_FRAMES]> =
     PerCpuArray::with_max_entries(1, 0);

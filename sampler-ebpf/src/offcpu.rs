@@ -253,21 +253,21 @@ fn prev_state(ctx: &BtfTracePointContext, cfg: &Config) -> u32 {
 fn user_regs<V: Variant>(off: &mut OffCpuInfo) -> (u32, UserRegs, u64) {
     match V::saved_user_regs() {
         Ok(frame) if frame.cs & CPL_MASK == CPL_MASK => {
-            if (frame.orig_rax as i64) >= 0 && frame.rcx == frame.rip && frame.r11 == frame.eflags {
+            if (frame.orig_ax as i64) >= 0 && frame.cx == frame.ip && frame.r11 == frame.flags {
                 off.flags |= offcpu_flags::IN_SYSCALL;
-                off.syscall = frame.orig_rax;
+                off.syscall = frame.orig_ax;
             }
             let regs = UserRegs {
-                ip: frame.rip,
-                sp: frame.rsp,
-                bp: frame.rbp,
+                ip: frame.ip,
+                sp: frame.sp,
+                bp: frame.bp,
             };
-            let flags = if frame.rsp == 0 {
+            let flags = if frame.sp == 0 {
                 sample_flags::NO_USER_REGS
             } else {
                 sample_flags::REGS_FROM_TASK
             };
-            (flags, regs, frame.rdi)
+            (flags, regs, frame.di)
         }
         _ => (sample_flags::NO_USER_REGS, UserRegs::default(), 0),
     }

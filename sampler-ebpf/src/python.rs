@@ -15,7 +15,13 @@
 //! `frame_read_bytes` (a ≤ 3.10 `PyFrameObject` up to `f_lasti`, or an `_PyInterpreterFrame`
 //! header); absent fields (`owner` before 3.11, `is_entry` but in 3.11) are recorded as 0.
 //! Frames are recorded raw (stackref tags, owners ≥ 3 and the `__init__` shim included): user
-//! space masks, filters and resolves them.
+//! space masks, filters and resolves them. Each frame is checked first (issue 17,
+//! `docs/cpython-layouts.md` §3.5): an `owner` above `owner_max`, or — for a frame that is no
+//! entry frame — a code object that is misaligned, unreadable (one more read, of
+//! `code_read_bytes`) or not of type `code_type`, is invalid: the walk stops there
+//! (`INVALID_FRAME`); with the code object's name, file name and first line and the module
+//! namespace of module-level code recorded, so that user space can tell (and name) a code
+//! object freed before it reads it.
 //!
 //! Sub-interpreters: a thread can have a thread state in several interpreters. The first match
 //! with a frame wins; a match without one (3.12's `_xxsubinterpreters` keeps a sub-interpreter's
@@ -32,7 +38,10 @@
 //! walks every iteration (the walk state below is what keeps that affordable). Each frame costs one
 //! `bpf_probe_read_user` of its header into a per-CPU scratch buffer, from which the fields are
 //! picked at the runtime offsets through masked indices (bounds the verifier can see, checked
-//! against `PyProcInfo::frame_offsets_fit` once per sample). Every failure sets a flag in the
+//! against `PyProcInfo::frame_offsets_fit` once per sample). The frame step is one global
+//! function (`variant::pyebpf_frame_step`) whose state is per-CPU `PY_FRAME_WALK` and whose
+//! frames go to per-CPU `PY_FRAMES`, copied into the record at the end: the verifier checks
+//! its branches once, whichever variant drives it. Every failure sets a flag in the
 //! capture and bumps a counter; frames read before a failure are kept. Verifier states: the
 //! thread walk keeps its state in per-CPU map memory (`PY_WALK`), which the verifier does not
 //! track, and the flags are counted without a branch on them (`count_flag`), so that paths
@@ -52,7 +61,10 @@ use sampler_common::{
 };
 
 use crate::{
-    maps::{PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_WORDS, count, count_n},
+    maps::{
+        PY_FRAME_WALK, PY_FRAMES, PY_SCRATCH, PY_TSTATES, PY_WALK, SCRATCH_HALF_WORDS, count,
+        count_n,
+    },
     variant::Variant,
 };
 
@@ -64,16 +76,22 @@ pub const THREAD_BUDGET: u32 = PY_MAX_THREADS_WALKED;
 /// `bpf_loop` callback results.
 const LOOP_CONTINUE: i64 = 0;
 pub const LOOP_STOP: i64 = 1;
+/// [`frame_step`] results besides `LOOP_CONTINUE` and `LOOP_STOP` (end of the chain or of the
+/// budget): distinct stop reasons, so that the result is no 0-or-1 to the compiler (which
+/// would then hand it to `bpf_loop` unchecked, and the verifier wants to see that range).
+const STEP_READ_ERROR: i64 = 2;
+const STEP_INVALID: i64 = 3;
 /// `gil_locked` / `gil_enabled` when unknown or not applicable; `gil_holder` is then 0.
 const GIL_UNKNOWN: i32 = -1;
-/// Index masks into the scratch buffer for 8-, 4- and 1-byte fields.
-const WORD_MASK: usize = SCRATCH_WORDS - 1;
-const INT_MASK: usize = SCRATCH_WORDS * 2 - 1;
-const BYTE_MASK: usize = SCRATCH_WORDS * 8 - 1;
-/// Mask of the per-frame read length: a multiple of 8 below the scratch size (the verifier
-/// needs a bound it can see; `frame_offsets_fit` has checked the real value).
-const FRAME_LEN_MASK: u32 = 0xf8;
-const _: () = assert!(FRAME_LEN_MASK as usize <= SCRATCH_WORDS * 8);
+/// Index masks into one half of the scratch buffer for 8-, 4- and 1-byte fields.
+const WORD_MASK: usize = SCRATCH_HALF_WORDS - 1;
+const INT_MASK: usize = SCRATCH_HALF_WORDS * 2 - 1;
+const BYTE_MASK: usize = SCRATCH_HALF_WORDS * 8 - 1;
+/// Mask of the per-frame and per-code read lengths: a multiple of 8 below the size of a
+/// scratch half (the verifier needs a bound it can see; `frame_offsets_fit` has checked the
+/// real values).
+const READ_LEN_MASK: u32 = 0xf8;
+const _: () = assert!(READ_LEN_MASK as usize <= SCRATCH_HALF_WORDS * 8);
 
 /// Why the walk stopped before the end of the frame chain.
 #[derive(Clone, Copy)]
@@ -155,6 +173,7 @@ pub unsafe fn capture<V: Variant>(info: &PyProcInfo, host_tid: u32, out: *mut Py
     // flags apart up to here (see `count_flag`).
     count_flag(Counter::PyReadErrors, h.flags, py_flags::READ_ERROR);
     count_flag(Counter::PyTruncated, h.flags, py_flags::TRUNCATED);
+    count_flag(Counter::PyInvalidFrames, h.flags, py_flags::INVALID_FRAME);
     // SAFETY: `out` is writable (caller); the frames were written by `walk_frames`.
     unsafe {
         (&raw mut (*out).tstate).write(h.tstate);
@@ -209,7 +228,7 @@ unsafe fn try_capture<V: Variant>(
     h.tstate = found.tstate;
     h.flags |= py_flags::CAPTURED;
     // SAFETY: forwarded from the caller.
-    unsafe { walk_frames::<V>(info, found.top, out, h) }
+    unsafe { walk_frames::<V>(info, &found, out, h) }
 }
 
 /// What identifies the sampled thread in a thread state: (the value, its offset in
@@ -473,24 +492,29 @@ fn top_frame(tstate: u64, frame_off: u32, cframe_off: u32) -> Result<u64, Stop> 
 }
 
 /// Record up to [`FRAME_BUDGET`] frames from `top` outward into `out.frames`; marks
-/// `TRUNCATED` when the chain goes on. `h.nframes` counts the frames written, also on error.
+/// `TRUNCATED` when the chain goes on, `INVALID_FRAME` when it stopped at an invalid frame.
+/// `h.nframes` counts the frames written, also on error. The walk state lives in per-CPU
+/// `PY_FRAME_WALK` and the frames are written to per-CPU `PY_FRAMES` by the global step
+/// function (`variant::pyebpf_frame_step`, verified once on its own whichever variant drives
+/// it), then copied into the record.
 #[inline(always)]
 unsafe fn walk_frames<V: Variant>(
     info: &PyProcInfo,
-    top: u64,
+    found: &Found,
     out: *mut PyCapture,
     h: &mut Header,
 ) -> Result<(), Stop> {
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+    let (Some(state), Some(frames)) = (PY_FRAME_WALK.get_ptr_mut(0), PY_FRAMES.get_ptr(0)) else {
         return Err(Stop::Read);
     };
-    let mut walk = FrameWalk {
-        // SAFETY: `out` is writable (caller); `frames` is an array of `FRAME_BUDGET` records.
-        frames: unsafe { (&raw mut (*out).frames).cast::<PyFrameRecord>() },
-        scratch: scratch.cast::<u64>(),
-        frame: top,
+    // SAFETY: this CPU's value, valid for the program run; only this program uses it.
+    let state = unsafe { &mut *state };
+    *state = FrameWalk {
+        frame: found.top,
+        code_type: info.code_type,
+        tag_mask: u64::from(info.executable_tag_mask),
         nframes: 0,
-        read_error: 0,
+        flags: 0,
         exec: info.frame_executable,
         ip: info.frame_instr_ptr,
         prev: info.frame_previous,
@@ -498,32 +522,59 @@ unsafe fn walk_frames<V: Variant>(
         is_entry: info.frame_is_entry,
         tlbc: info.frame_tlbc_index,
         len: info.frame_read_bytes,
+        owner_max: info.owner_max,
+        shim_owner: info.shim_owner,
+        code_ob_type: info.code_ob_type,
+        code_name: info.code_name,
+        code_filename: info.code_filename,
+        code_firstlineno: info.code_firstlineno,
+        code_len: info.code_read_bytes,
+        globals: info.frame_globals,
+        locals: info.frame_locals,
         _pad: 0,
+        next: 0,
     };
-    V::walk_frames(&mut walk);
-    h.nframes = walk.nframes;
-    if walk.read_error != 0 {
+    V::walk_frames();
+    // Not `min(FRAME_BUDGET)`: the copy's size is a precise register for the verifier, and a
+    // `min` gives it two ranges (exactly the budget, or below it) that no later state can prune
+    // against each other — 6.1 verified the rest of the program twice (104k instructions, not
+    // 50k). A count beyond the budget cannot happen (the step stops there); refusing it keeps
+    // one range.
+    let count = state.nframes;
+    if count > FRAME_BUDGET as u32 {
         return Err(Stop::Read);
     }
-    if walk.frame != 0 {
-        h.flags |= py_flags::TRUNCATED;
+    h.nframes = count;
+    // SAFETY: `out.frames` holds FRAME_BUDGET records (the reserved record); `count` ≤
+    // FRAME_BUDGET records are copied from this CPU's `PY_FRAMES` value.
+    unsafe {
+        generated::bpf_probe_read_kernel(
+            (&raw mut (*out).frames).cast(),
+            count * size_of::<PyFrameRecord>() as u32,
+            frames.cast(),
+        );
     }
+    // The step set the flags (read error, invalid frame, truncated): no branch on them here,
+    // where every branch would multiply the verifier's paths through the rest of the program.
+    h.flags |= state.flags;
     Ok(())
 }
 
-/// State of the frame walk, shared with its `bpf_loop` callback.
+/// State of the frame walk between steps (this CPU's `PY_FRAME_WALK` value): map memory, whose
+/// contents the verifier does not track.
 #[repr(C)]
-#[derive(Clone, Copy)]
 pub struct FrameWalk {
-    /// `PyCapture::frames` in the reserved record.
-    pub frames: *mut PyFrameRecord,
-    /// This CPU's `PY_SCRATCH` value.
-    pub scratch: *mut u64,
     /// The frame to read next (0: end of the chain).
     pub frame: u64,
+    /// `PyProcInfo::code_type` (0: not checked).
+    code_type: u64,
+    /// `PyProcInfo::executable_tag_mask`.
+    tag_mask: u64,
     /// Frames written.
     pub nframes: u32,
-    pub read_error: u32,
+    /// `py_flags` the walk ended with: `READ_ERROR`, `INVALID_FRAME` (the invalid frame is
+    /// not recorded) or `TRUNCATED` (the chain goes on past the budget).
+    pub flags: u32,
     /// Frame field offsets (`PyProcInfo::frame_*`).
     exec: u32,
     ip: u32,
@@ -533,76 +584,184 @@ pub struct FrameWalk {
     tlbc: u32,
     /// Bytes read per frame (`PyProcInfo::frame_read_bytes`).
     len: u32,
+    /// `PyProcInfo::owner_max`, `shim_owner`.
+    owner_max: u32,
+    shim_owner: u32,
+    /// Code object field offsets and bytes read (`PyProcInfo::code_*`).
+    code_ob_type: u32,
+    code_name: u32,
+    code_filename: u32,
+    code_firstlineno: u32,
+    code_len: u32,
+    /// `PyProcInfo::frame_globals`, `frame_locals`.
+    globals: u32,
+    locals: u32,
     _pad: u32,
+    /// The last frame read's `previous`.
+    next: u64,
 }
 
-// SAFETY: the map value of this type (`PY_FRAME_WALK`) is per-CPU and used by one program at a
-// time on a CPU; its pointer fields are null there.
-unsafe impl Sync for FrameWalk {}
-
-impl FrameWalk {
-    /// This walk with null pointers, to be kept in map memory (where the verifier would not
-    /// know them as pointers anyway).
-    #[inline(always)]
-    pub fn without_pointers(&self) -> FrameWalk {
-        FrameWalk {
-            frames: core::ptr::null_mut(),
-            scratch: core::ptr::null_mut(),
-            ..*self
-        }
-    }
-}
-
-/// One frame: read its header, record it at `index`, move to `previous`.
-#[inline(never)]
-pub extern "C" fn frame_step(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `bpf_loop` passes the `FrameWalk` given to it in `walk_frames`.
-    let walk = unsafe { &mut *ctx.cast::<FrameWalk>() };
-    // The index bound is for the verifier (`bpf_loop` never passes more than FRAME_BUDGET).
-    if walk.frame == 0 || index >= FRAME_BUDGET as u64 {
+/// One frame of the walk in `PY_FRAME_WALK`: read its header, check it, record it at `index`
+/// of `PY_FRAMES`, move to `previous`. A frame is invalid (the walk stops before recording
+/// it) when its `owner` is out of range, or, unless it is an entry frame, when its code object
+/// is misaligned, unreadable or not of type `PyCode_Type`; one whose `previous` is itself is
+/// recorded, then the walk stops as invalid. Returns `LOOP_CONTINUE` or a non-zero reason to
+/// stop.
+#[inline(always)]
+pub fn frame_step(index: u64) -> i64 {
+    let (Some(walk), Some(frames), Some(scratch)) = (
+        PY_FRAME_WALK.get_ptr_mut(0),
+        PY_FRAMES.get_ptr_mut(0),
+        PY_SCRATCH.get_ptr_mut(0),
+    ) else {
+        return LOOP_STOP;
+    };
+    // SAFETY: this CPU's value, valid for the program run; only this program uses it.
+    let walk = unsafe { &mut *walk };
+    // The bounds are for the verifier (the drivers never pass more than FRAME_BUDGET).
+    let at = walk.nframes;
+    if walk.frame == 0 || index >= FRAME_BUDGET as u64 || at >= FRAME_BUDGET as u32 {
         return LOOP_STOP;
     }
-    let scratch = walk.scratch;
-    // SAFETY: the scratch value holds `SCRATCH_WORDS * 8` bytes, more than the masked length;
-    // the source is a target address the helper validates.
+    // SAFETY: `at < FRAME_BUDGET`, the length of `PY_FRAMES`.
+    let record = unsafe { frames.cast::<PyFrameRecord>().add(at as usize) };
+    // The record's last word written at once: the pointer is then computed here, right after
+    // the bound check, not after the frame read's helper call with `at` spilled — a spilled
+    // copy taken before the check has no bound on 6.1's verifier ("unbounded memory access").
+    // SAFETY: as above; a record is six 8-aligned words.
+    unsafe { record.cast::<u64>().add(5).write(0) };
+    let mut stop = read_frame(walk, scratch.cast(), record);
+    if stop == LOOP_CONTINUE {
+        walk.nframes = at + 1;
+        if walk.next != walk.frame {
+            walk.frame = walk.next;
+            if walk.next != 0 && at + 1 >= FRAME_BUDGET as u32 {
+                walk.flags |= py_flags::TRUNCATED;
+            }
+            return LOOP_CONTINUE;
+        }
+        stop = STEP_INVALID;
+    }
+    walk.flags |= if stop == STEP_READ_ERROR {
+        py_flags::READ_ERROR
+    } else {
+        py_flags::INVALID_FRAME
+    };
+    stop
+}
+
+/// Reads and checks the frame at `walk.frame` and writes its record at `record`; sets
+/// `walk.next` (its `previous`). Returns
+/// `LOOP_CONTINUE`, or the step result to stop with (the record is then garbage, and not
+/// counted). Everything goes to memory as soon as it is known: the BPF stack of this call adds
+/// to its callers' (512 bytes in all).
+#[inline(always)]
+fn read_frame(walk: &mut FrameWalk, scratch: *mut u64, record: *mut PyFrameRecord) -> i64 {
+    // SAFETY: the scratch value's first half holds `SCRATCH_HALF_WORDS * 8` bytes, more than
+    // the masked length; the source is a target address the helper validates.
     let ret = unsafe {
         generated::bpf_probe_read_user(
             scratch.cast::<c_void>(),
-            walk.len & FRAME_LEN_MASK,
+            walk.len & READ_LEN_MASK,
             walk.frame as *const c_void,
         )
     };
     if ret != 0 {
-        walk.read_error = 1;
-        return LOOP_STOP;
+        return STEP_READ_ERROR;
     }
+    let owner = opt_byte(scratch, walk.owner);
+    if walk.owner != PY_NO_OFFSET && u32::from(owner) > walk.owner_max {
+        return STEP_INVALID;
+    }
+    let rec = record.cast::<u64>();
+    let executable = word(scratch, walk.exec);
+    let shim = u32::from(owner) >= walk.shim_owner;
+    // SAFETY: `record` is a record of `PY_FRAMES` (caller); a record is six 8-aligned words.
+    unsafe {
+        rec.write(executable);
+        rec.add(1).write(word(scratch, walk.ip));
+    }
+    let first_line = if shim {
+        // An entry frame: no Python code (3.13+: `f_executable` is None).
+        // SAFETY: as above.
+        unsafe {
+            rec.add(2).write(0);
+            rec.add(3).write(0);
+        }
+        0
+    } else {
+        let code = executable & !walk.tag_mask;
+        if !read_code(walk, scratch, code) {
+            return STEP_INVALID;
+        }
+        // SAFETY: the second half starts inside the scratch value (`read_code`).
+        let half = unsafe { scratch.add(SCRATCH_HALF_WORDS) };
+        if walk.code_type != 0 && word(half, walk.code_ob_type) != walk.code_type {
+            return STEP_INVALID;
+        }
+        // SAFETY: as above.
+        unsafe {
+            rec.add(2).write(word(half, walk.code_name));
+            rec.add(3).write(word(half, walk.code_filename));
+        }
+        int(half, walk.code_firstlineno) as u16
+    };
+    // Module-level code runs with `f_locals == f_globals` (function frames: NULL locals).
+    let globals = if walk.globals == PY_NO_OFFSET || walk.locals == PY_NO_OFFSET {
+        0
+    } else {
+        let globals = word(scratch, walk.globals);
+        if globals == word(scratch, walk.locals) {
+            globals
+        } else {
+            0
+        }
+    };
     let tlbc_index = if walk.tlbc == PY_NO_OFFSET {
         0
     } else {
         int(scratch, walk.tlbc)
     };
-    // SAFETY: `index < FRAME_BUDGET`, the length of `frames`; a record is three 8-aligned words.
+    let is_entry = opt_byte(scratch, walk.is_entry);
+    // SAFETY: as above.
     unsafe {
-        let record = walk.frames.add(index as usize).cast::<u64>();
-        record.write(word(scratch, walk.exec));
-        record.add(1).write(word(scratch, walk.ip));
-        record.add(2).write(tail_word(
-            tlbc_index,
-            opt_byte(scratch, walk.owner),
-            opt_byte(scratch, walk.is_entry),
-        ));
+        rec.add(4).write(globals);
+        rec.add(5)
+            .write(tail_word(tlbc_index, owner, is_entry, first_line));
     }
-    walk.frame = word(scratch, walk.prev);
-    walk.nframes = index as u32 + 1;
+    walk.next = word(scratch, walk.prev);
     LOOP_CONTINUE
 }
 
-/// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4),
-/// `is_entry` (byte 5), zero padding (little-endian). Writing the record as three words keeps
-/// LLVM from emitting a `memset` call for the padding.
+/// Reads the code object at `code` into the scratch buffer's second half: false when it is
+/// NULL, misaligned or unreadable.
 #[inline(always)]
-fn tail_word(tlbc_index: i32, owner: u8, is_entry: u8) -> u64 {
-    u64::from(tlbc_index as u32) | u64::from(owner) << 32 | u64::from(is_entry) << 40
+fn read_code(walk: &FrameWalk, scratch: *mut u64, code: u64) -> bool {
+    if code == 0 || code & 7 != 0 {
+        return false;
+    }
+    // SAFETY: the second half of the scratch value holds `SCRATCH_HALF_WORDS * 8` bytes, more
+    // than the masked length; the source is a target address the helper validates.
+    let ret = unsafe {
+        let half = scratch.add(SCRATCH_HALF_WORDS);
+        generated::bpf_probe_read_user(
+            half.cast::<c_void>(),
+            walk.code_len & READ_LEN_MASK,
+            code as *const c_void,
+        )
+    };
+    ret == 0
+}
+
+/// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4),
+/// `is_entry` (byte 5), `first_line` (bytes 6-7, little-endian). Writing the record as whole
+/// words keeps LLVM from emitting a `memset` call for it.
+#[inline(always)]
+fn tail_word(tlbc_index: i32, owner: u8, is_entry: u8, first_line: u16) -> u64 {
+    u64::from(tlbc_index as u32)
+        | u64::from(owner) << 32
+        | u64::from(is_entry) << 40
+        | u64::from(first_line) << 48
 }
 
 /// The byte at `off`, or 0 for an absent field (`PY_NO_OFFSET`).
@@ -615,19 +774,23 @@ fn opt_byte(scratch: *const u64, off: u32) -> u8 {
     }
 }
 const _: () = {
-    assert!(size_of::<PyFrameRecord>() == 24);
+    assert!(size_of::<PyFrameRecord>() == 48);
     assert!(core::mem::offset_of!(PyFrameRecord, executable) == 0);
     assert!(core::mem::offset_of!(PyFrameRecord, instr_ptr) == 8);
-    assert!(core::mem::offset_of!(PyFrameRecord, tlbc_index) == 16);
-    assert!(core::mem::offset_of!(PyFrameRecord, owner) == 20);
-    assert!(core::mem::offset_of!(PyFrameRecord, is_entry) == 21);
+    assert!(core::mem::offset_of!(PyFrameRecord, name) == 16);
+    assert!(core::mem::offset_of!(PyFrameRecord, filename) == 24);
+    assert!(core::mem::offset_of!(PyFrameRecord, globals) == 32);
+    assert!(core::mem::offset_of!(PyFrameRecord, tlbc_index) == 40);
+    assert!(core::mem::offset_of!(PyFrameRecord, owner) == 44);
+    assert!(core::mem::offset_of!(PyFrameRecord, is_entry) == 45);
+    assert!(core::mem::offset_of!(PyFrameRecord, first_line) == 46);
 };
 
-/// The 8-byte field at byte offset `off` of the scratch buffer (`off` 8-aligned, checked by
+/// The 8-byte field at byte offset `off` of a scratch half (`off` 8-aligned, checked by
 /// `frame_offsets_fit`; the mask is for the verifier).
 #[inline(always)]
 fn word(scratch: *const u64, off: u32) -> u64 {
-    // SAFETY: the masked index is inside the `SCRATCH_WORDS`-word buffer.
+    // SAFETY: the masked index is inside the `SCRATCH_HALF_WORDS`-word half.
     unsafe { *scratch.add((off as usize >> 3) & WORD_MASK) }
 }
 

@@ -202,12 +202,12 @@ fn user_regs<V: Variant>(ctx: &PerfEventContext) -> (u32, UserRegs) {
         return (sample_flags::USER_MODE, UserRegs { ip, sp, bp });
     }
     match V::saved_user_regs() {
-        Ok(frame) if frame.cs & CPL_MASK == CPL_MASK && frame.rsp != 0 => (
+        Ok(frame) if frame.cs & CPL_MASK == CPL_MASK && frame.sp != 0 => (
             sample_flags::REGS_FROM_TASK,
             UserRegs {
-                ip: frame.rip,
-                sp: frame.rsp,
-                bp: frame.rbp,
+                ip: frame.ip,
+                sp: frame.sp,
+                bp: frame.bp,
             },
         ),
         Ok(frame) if frame.cs & CPL_MASK == CPL_MASK => {

@@ -25,17 +25,13 @@
 //!   and are counted as `NoUserRegs`).
 use core::ffi::c_void;
 
+use crate::{
+    maps::{PY_SCRATCH, PY_WALK, SCRATCH_HALF_WORDS, config},
+    python::{FRAME_BUDGET, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step},
+};
 use aya_ebpf::{
     bindings::pt_regs,
     helpers::{bpf_probe_read_kernel, generated},
-};
-use sampler_common::PyFrameRecord;
-
-use crate::{
-    maps::{PY_FRAME_WALK, PY_FRAMES, PY_SCRATCH, PY_WALK, config},
-    python::{
-        FRAME_BUDGET, FrameWalk, LOOP_STOP, THREAD_BUDGET, ThreadWalk, frame_step, thread_step,
-    },
 };
 
 /// What a variant differs in.
@@ -43,12 +39,12 @@ pub trait Variant {
     /// Run the thread-list walk whose state is `walk` (this CPU's `PY_WALK` value) for up to
     /// [`THREAD_BUDGET`] steps of `python::thread_step`.
     fn walk_threads(walk: *mut ThreadWalk);
-    /// Run the frame walk `walk` for up to [`FRAME_BUDGET`] steps of `python::frame_step`;
-    /// the frames end up at `walk.frames`.
-    fn walk_frames(walk: &mut FrameWalk);
+    /// Run the frame walk in `PY_FRAME_WALK` for up to [`FRAME_BUDGET`] calls of the global
+    /// [`pyebpf_frame_step`]; the frames end up in `PY_FRAMES`.
+    fn walk_frames();
     /// The current task's saved user registers (the frame at the top of its kernel stack),
     /// read when the sample interrupted kernel mode.
-    fn saved_user_regs() -> Result<pt_regs, ()>;
+    fn saved_user_regs() -> Result<SavedRegs, ()>;
 }
 
 /// Kernel ≥ 5.17: `bpf_loop` and `bpf_task_pt_regs`.
@@ -75,27 +71,27 @@ impl Variant for Modern {
     }
 
     #[inline(always)]
-    fn walk_frames(walk: &mut FrameWalk) {
-        // SAFETY: `frame_step` takes a `FrameWalk`, which `walk` is.
+    fn walk_frames() {
+        // SAFETY: the callback ignores its context.
         unsafe {
             generated::bpf_loop(
                 FRAME_BUDGET as u32,
-                frame_step as *mut c_void,
-                core::ptr::from_mut::<FrameWalk>(walk).cast(),
+                frame_loop_step as *mut c_void,
+                core::ptr::null_mut(),
                 0,
             );
         }
     }
 
     #[inline(always)]
-    fn saved_user_regs() -> Result<pt_regs, ()> {
+    fn saved_user_regs() -> Result<SavedRegs, ()> {
         // SAFETY: both helpers take/return kernel pointers checked by the verifier; the frame
         // is read with bpf_probe_read_kernel, which tolerates any address.
-        unsafe {
+        let regs = unsafe {
             let task = generated::bpf_get_current_task_btf();
-            let regs = generated::bpf_task_pt_regs(task) as *const pt_regs;
-            bpf_probe_read_kernel(regs).map_err(|_| ())
-        }
+            generated::bpf_task_pt_regs(task) as u64
+        };
+        read_saved_regs(regs)
     }
 }
 
@@ -116,14 +112,7 @@ impl Variant for Bounded {
     }
 
     #[inline(always)]
-    fn walk_frames(walk: &mut FrameWalk) {
-        let Some(state) = PY_FRAME_WALK.get_ptr_mut(0) else {
-            walk.read_error = 1;
-            return;
-        };
-        // SAFETY: this CPU's value, valid for the program run; only this program uses it.
-        let state = unsafe { &mut *state };
-        *state = walk.without_pointers();
+    fn walk_frames() {
         let mut index = 0;
         while index < FRAME_BUDGET as u64 {
             if pyebpf_frame_step(index) != 0 {
@@ -131,41 +120,81 @@ impl Variant for Bounded {
             }
             index += 1;
         }
-        walk.frame = state.frame;
-        walk.nframes = state.nframes;
-        walk.read_error = state.read_error;
-        let Some(frames) = PY_FRAMES.get_ptr(0) else {
-            walk.read_error = 1;
-            return;
-        };
-        let count = walk.nframes.min(FRAME_BUDGET as u32);
-        // SAFETY: `walk.frames` holds FRAME_BUDGET records (the reserved record's
-        // `PyCapture::frames`); `count` ≤ FRAME_BUDGET records are copied from this CPU's
-        // `PY_FRAMES` value.
-        unsafe {
-            generated::bpf_probe_read_kernel(
-                walk.frames.cast(),
-                count * size_of::<PyFrameRecord>() as u32,
-                frames.cast(),
-            );
-        }
     }
 
     #[inline(always)]
-    fn saved_user_regs() -> Result<pt_regs, ()> {
+    fn saved_user_regs() -> Result<SavedRegs, ()> {
         let offset = config().task_stack_offset;
         if offset == 0 {
             return Err(());
         }
         // SAFETY: the task pointer is only used as an address for bpf_probe_read_kernel,
         // which tolerates any address.
-        unsafe {
+        let stack = unsafe {
             let task = generated::bpf_get_current_task();
-            let stack =
-                bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?;
-            let regs = stack + THREAD_SIZE - size_of::<pt_regs>() as u64;
-            bpf_probe_read_kernel(regs as *const pt_regs).map_err(|_| ())
-        }
+            bpf_probe_read_kernel((task + u64::from(offset)) as *const u64).map_err(|_| ())?
+        };
+        read_saved_regs(stack + THREAD_SIZE - size_of::<pt_regs>() as u64)
+    }
+}
+
+/// The registers the programs need from a saved `pt_regs`: the user frame (`ip`, `cs`, `sp`,
+/// `bp`) and, for the off-CPU program, what tells a `syscall` entry (`orig_ax`, `cx`, `r11`,
+/// `flags`) and the first argument (`di`). Unused fields cost nothing (the reads are inlined).
+pub struct SavedRegs {
+    pub ip: u64,
+    pub cs: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub orig_ax: u64,
+    pub cx: u64,
+    pub r11: u64,
+    pub flags: u64,
+    pub di: u64,
+}
+
+/// The [`SavedRegs`] of the `pt_regs` at `regs`: one read of `rbp`..`rsp` (128
+/// bytes) into the per-CPU scratch buffer (the Python walk uses it later), never onto the BPF
+/// stack, which the program and the walk's calls share (512 bytes; 6.1 counts each frame
+/// rounded up to 32), and one branch, not one per field (each is a path the verifier follows
+/// through the rest of the program).
+#[inline(always)]
+fn read_saved_regs(regs: u64) -> Result<SavedRegs, ()> {
+    const FROM: usize = core::mem::offset_of!(pt_regs, rbp);
+    const WORDS: usize = (core::mem::offset_of!(pt_regs, rsp) + 8 - FROM) / 8;
+    const fn at(offset: usize) -> usize {
+        (offset - FROM) / 8
+    }
+    const _: () = assert!(WORDS <= SCRATCH_HALF_WORDS);
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return Err(());
+    };
+    let w = scratch.cast::<u64>();
+    // SAFETY: the scratch value holds more than WORDS words; bpf_probe_read_kernel tolerates
+    // any source address (a fault is an error).
+    let ret = unsafe {
+        generated::bpf_probe_read_kernel(
+            w.cast(),
+            (WORDS * 8) as u32,
+            (regs + FROM as u64) as *const c_void,
+        )
+    };
+    if ret != 0 {
+        return Err(());
+    }
+    // SAFETY: every index is below WORDS.
+    unsafe {
+        Ok(SavedRegs {
+            ip: *w.add(at(core::mem::offset_of!(pt_regs, rip))),
+            cs: *w.add(at(core::mem::offset_of!(pt_regs, cs))),
+            sp: *w.add(at(core::mem::offset_of!(pt_regs, rsp))),
+            bp: *w.add(at(FROM)),
+            orig_ax: *w.add(at(core::mem::offset_of!(pt_regs, orig_rax))),
+            cx: *w.add(at(core::mem::offset_of!(pt_regs, rcx))),
+            r11: *w.add(at(core::mem::offset_of!(pt_regs, r11))),
+            flags: *w.add(at(core::mem::offset_of!(pt_regs, eflags))),
+            di: *w.add(at(core::mem::offset_of!(pt_regs, rdi))),
+        })
     }
 }
 
@@ -183,26 +212,22 @@ pub extern "C" fn pyebpf_thread_step(index: u64) -> i64 {
 }
 
 /// One step of the frame walk in `PY_FRAME_WALK`, writing into `PY_FRAMES` (global, as
-/// [`pyebpf_thread_step`]). The walk runs on a stack copy that carries this call's map
-/// pointers (pointers read back from map memory would be plain numbers to the verifier).
+/// [`pyebpf_thread_step`]), for both variants: its body — a frame's reads and checks — is
+/// verified once, not once per state of the caller (6.1's verifier, which prunes less, took
+/// 250k instructions for the `bpf_loop` program with it inlined into the callback).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn pyebpf_frame_step(index: u64) -> i64 {
-    let (Some(state), Some(frames), Some(scratch)) = (
-        PY_FRAME_WALK.get_ptr_mut(0),
-        PY_FRAMES.get_ptr_mut(0),
-        PY_SCRATCH.get_ptr_mut(0),
-    ) else {
-        return LOOP_STOP;
-    };
-    // SAFETY: this CPU's values, valid for the program run.
-    let state = unsafe { &mut *state };
-    let mut walk = *state;
-    walk.frames = frames.cast();
-    walk.scratch = scratch.cast();
-    let ret = frame_step(index, (&raw mut walk).cast());
-    state.frame = walk.frame;
-    state.nframes = walk.nframes;
-    state.read_error = walk.read_error;
-    ret
+    frame_step(index)
+}
+
+/// The `bpf_loop` callback of the frame walk: one global step (whose result the verifier
+/// knows only as a number: a callback must return 0 or 1 visibly).
+#[inline(never)]
+extern "C" fn frame_loop_step(index: u64, _ctx: *mut c_void) -> i64 {
+    if pyebpf_frame_step(index) == 0 {
+        0
+    } else {
+        LOOP_STOP
+    }
 }

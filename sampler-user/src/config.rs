@@ -14,6 +14,7 @@ use sampler_common::{DEFAULT_STACK_BYTES, STACK_SIZE_CLASSES};
 
 use crate::output::{self, Format, OutputFile};
 use crate::privilege::RunAs;
+use crate::profile::FileNames;
 
 /// What to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +68,8 @@ pub struct RecordRequest {
     pub command_as_root: bool,
     /// Show a progress line (stderr is a terminal and not `--quiet`).
     pub progress: bool,
+    /// `--full-filenames`.
+    pub full_filenames: bool,
 }
 
 /// What a sampling session samples: the part of `record`'s configuration that `top` shares.
@@ -113,6 +116,8 @@ pub struct RecordConfig {
     pub outputs: Vec<(OutputFile, Format)>,
     /// Show a progress line.
     pub progress: bool,
+    /// Which file names the rendered outputs show (saved profiles keep both).
+    pub file_names: FileNames,
 }
 
 /// A user error found before sampling.
@@ -331,6 +336,11 @@ impl RecordConfig {
             },
             outputs,
             progress: req.progress,
+            file_names: if req.full_filenames {
+                FileNames::Full
+            } else {
+                FileNames::Short
+            },
         })
     }
 }

@@ -74,6 +74,8 @@ pub enum PyFailure {
     NotCaptured,
     /// The kernel walk stopped at a failed read (the frames before it are kept).
     KernelReadError,
+    /// The kernel walk stopped at an invalid frame (the frames above it are kept).
+    InvalidFrame,
     /// `--gil`: the GIL words could not be read with the sample.
     GilUnknown,
     /// `--native`: no eval-loop ranges for the interpreter (the merge cannot place Python).
@@ -96,6 +98,7 @@ impl PyFailure {
             PyFailure::NoCapture,
             PyFailure::NotCaptured,
             PyFailure::KernelReadError,
+            PyFailure::InvalidFrame,
             PyFailure::GilUnknown,
             PyFailure::EvalRangesMissing,
             PyFailure::EvalRangesIncomplete,
@@ -113,6 +116,7 @@ impl PyFailure {
             PyFailure::NoCapture => "no_capture",
             PyFailure::NotCaptured => "not_captured",
             PyFailure::KernelReadError => "kernel_read_error",
+            PyFailure::InvalidFrame => "invalid_frame",
             PyFailure::GilUnknown => "gil_unknown",
             PyFailure::EvalRangesMissing => "eval_ranges_missing",
             PyFailure::EvalRangesIncomplete => "eval_ranges_incomplete",
@@ -159,7 +163,7 @@ pub enum Failure {
 
 /// The kernel counters that mean data was lost or degraded (`PyNoTstate` is not one: a Python
 /// process's non-Python threads have no thread state by nature).
-pub const KERNEL_FAILURES: [Counter; 15] = [
+pub const KERNEL_FAILURES: [Counter; 16] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -173,6 +177,7 @@ pub const KERNEL_FAILURES: [Counter; 15] = [
     Counter::PyThreadBudget,
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
+    Counter::PyInvalidFrames,
     Counter::OffCpuLost,
     Counter::OffCpuMapFull,
 ];

@@ -94,6 +94,10 @@ struct RecordArgs {
     /// No progress line.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Show whole Python file names (default: relative to the sys.path entry they were imported
+    /// from, as py-spy shows them; saved profiles keep both).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
     /// Under sudo, run COMMAND as root (default: as the user who ran sudo, with their groups).
     #[arg(long = "as-root")]
     as_root: bool,
@@ -140,6 +144,11 @@ struct DumpArgs {
     /// stopped in turn, for the time it takes to copy its registers and stack.
     #[arg(short = 'n', long)]
     native: bool,
+    /// Stop each thread in turn while its Python stack is read (ptrace): a consistent stack
+    /// even for a thread that is running (without it, a stack that changes while it is read
+    /// is read again, and shown as torn if it keeps changing).
+    #[arg(long, conflicts_with = "core")]
+    pause: bool,
 }
 
 #[derive(Args)]
@@ -195,6 +204,12 @@ struct ReportArgs {
     /// Print the rows as CSV.
     #[arg(long)]
     csv: bool,
+    /// Show whole Python file names (default: relative to their sys.path entry).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
+    /// One row per native address that has no symbol (default: one per module, `[libz.so.1]`).
+    #[arg(long)]
+    addresses: bool,
 }
 
 #[derive(Args)]
@@ -202,6 +217,9 @@ struct ScriptArgs {
     /// The saved profile.
     #[arg(value_name = "FILE")]
     file: PathBuf,
+    /// Show whole Python file names (default: relative to their sys.path entry).
+    #[arg(long = "full-filenames")]
+    full_filenames: bool,
 }
 
 #[derive(Args)]
@@ -303,6 +321,7 @@ fn record(a: RecordArgs) -> Result<(), Box<dyn std::error::Error>> {
         ring_bytes: a.ring_size,
         command_as_root: a.as_root,
         progress: !a.quiet && std::io::stderr().is_terminal(),
+        full_filenames: a.full_filenames,
     };
     let cfg = RecordConfig::new(req, &pyebpf::record::timestamp_for_file_name())?;
     pyebpf::preflight::check()?;
@@ -328,6 +347,7 @@ fn dump(a: &DumpArgs) -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         }),
         native: a.native,
+        pause: a.pause,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -366,6 +386,8 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
         csv: a.csv,
         color: a.output.is_none() && std::io::stdout().is_terminal(),
         source: a.file.display().to_string(),
+        full_filenames: a.full_filenames,
+        addresses: a.addresses,
     };
     // A usage error is reported before the file is read (a format's output has no options).
     let view = match format {
@@ -375,7 +397,10 @@ fn report(a: ReportArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The output is resolved (and refused) before the saved file is read.
     let out = pyebpf::output::OutputFile::open(a.output.as_deref().unwrap_or("-".as_ref()))?;
     // Writing the saved format again needs every sample, not only their counts.
-    let profile = load(&a.file, format == Some(Format::Pyebpf))?;
+    let mut profile = load(&a.file, format == Some(Format::Pyebpf))?;
+    if a.full_filenames {
+        profile.file_names = pyebpf::profile::FileNames::Full;
+    }
     let written = match &view {
         ReportView::Format(format) => out.write(|w| format.render(&profile, w)),
         ReportView::Report(cfg) => out.write(|w| pyebpf::report::render(&profile, cfg, w)),
@@ -406,7 +431,10 @@ fn load(
 }
 
 fn script(a: &ScriptArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let profile = load(&a.file, true)?;
+    let mut profile = load(&a.file, true)?;
+    if a.full_filenames {
+        profile.file_names = pyebpf::profile::FileNames::Full;
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     pyebpf::report::script::render(&profile, &mut out)?;

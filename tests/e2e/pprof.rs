@@ -208,7 +208,8 @@ fn record_and_read(go: &Path, dir: &OutDir, w: &Workload, extra: &[&str]) -> Rea
     let folded_path = dir.join("x.txt");
     let pid = w.pid.to_string();
     // The same run also written as collapsed stacks, to compare counts across formats.
-    let mut args = vec!["record", "-p", &pid, "-d", "3", "-o"];
+    // Whole file names: the checks compare with the workload's own path.
+    let mut args = vec!["record", "--full-filenames", "-p", &pid, "-d", "3", "-o"];
     let out_s = out.to_str().unwrap();
     args.push(out_s);
     args.extend(["-o", folded_path.to_str().unwrap()]);

@@ -21,6 +21,8 @@
 //! - `subinterp`: the main interpreter's thread and a sub-interpreter's thread spinning at once
 //!   on 3.12, 3.13 and 3.14 → each thread's samples end in its own function (also with `--gil`).
 //!
+//! - `views` (issue 17): no junk samples in ten recordings of sympy on 3.12 and 3.13, short
+//!   file names, skipped processes named.
 //! - `idle`: `--idle` (issue 13): wall-clock shares against the workloads' own measurements,
 //!   a thread blocked since before the run, GIL waits against `schedstat`, `report --sort
 //!   state` of the saved run.
@@ -38,3 +40,4 @@ mod native;
 mod stacks;
 mod subinterp;
 pub(crate) mod support;
+mod views;

@@ -64,7 +64,17 @@ fn rendering_the_saved_file_equals_writing_directly_3_13() {
     let w = Workload::start(&interp, "rec_spin.py", &[], &[]);
     let dir = OutDir::new("saved");
     let pid = w.pid.to_string();
-    let mut args = vec!["record", "-p", &pid, "-t", "-d", "3", "-o", "run.pyebpf"];
+    let mut args = vec![
+        "record",
+        "--full-filenames",
+        "-p",
+        &pid,
+        "-t",
+        "-d",
+        "3",
+        "-o",
+        "run.pyebpf",
+    ];
     for (_, file) in RENDERED {
         args.extend(["-o", file]);
     }
@@ -108,12 +118,24 @@ fn rendering_the_saved_file_equals_writing_directly_3_13() {
     for (format, file) in RENDERED {
         let direct = std::fs::read(dir.join(file)).unwrap();
         let by_flag = format!("re-{format}-{file}");
+        // `record --full-filenames` above: the saved file keeps both forms, `report` is told.
         ok(
-            &["report", "run.pyebpf", "-f", format, "-o", &by_flag],
+            &[
+                "report",
+                "run.pyebpf",
+                "--full-filenames",
+                "-f",
+                format,
+                "-o",
+                &by_flag,
+            ],
             &dir.0,
         );
         let by_ext = format!("re-{file}");
-        ok(&["report", "run.pyebpf", "-o", &by_ext], &dir.0);
+        ok(
+            &["report", "run.pyebpf", "--full-filenames", "-o", &by_ext],
+            &dir.0,
+        );
         for name in [by_flag, by_ext] {
             let rendered = std::fs::read(dir.join(&name)).unwrap();
             assert!(

@@ -194,7 +194,8 @@ fn start_top(interp: &str, host_wide: bool) -> Option<(Tmux, Workload, String)> 
         s.contains("pyebpf top - ")
     });
     let first = Instant::now();
-    let busy = w.label("spin", "spin");
+    // `top` shows file names relative to their sys.path entry: the script's directory.
+    let busy = format!("spin (rec_spin.py:{})", w.files.line("spin"));
     let screen = tmux.wait_screen(&format!("busy function {busy}"), SHOW_WITHIN, |s| {
         s.lines().any(|l| l.contains(&busy))
     });
@@ -217,11 +218,11 @@ fn start_top(interp: &str, host_wide: bool) -> Option<(Tmux, Workload, String)> 
 fn check_process_view(tmux: &Tmux, w: &Workload, key: &str) {
     tmux.send(key);
     let pid = w.pid.to_string();
-    let hottest = format!("spin ({}", w.files.script);
+    let hottest = "spin (rec_spin.py:";
     let screen = tmux.wait_screen("process view", REACT_WITHIN, |s| {
         s.contains("Processes sorted by")
             && s.lines()
-                .any(|l| l.split_whitespace().next() == Some(pid.as_str()) && l.contains(&hottest))
+                .any(|l| l.split_whitespace().next() == Some(pid.as_str()) && l.contains(hottest))
     });
     assert!(
         screen.contains("Hottest Python function"),

@@ -16,10 +16,12 @@ pub const BASE: &[&str] = &[LLVM_DEV, "build-essential", "binutils"];
 
 /// Needed by the tests and the test interpreters (`--interpreters`, `cargo xtask test`):
 /// gcc/make for the C workloads, tmux, unshare/setpriv (util-linux), capsh (libcap2-bin),
-/// debootstrap + keyring for the sid root, a host python3 with venv, readelf/objdump
+/// debootstrap + keyring for the sid root, a host python3 with venv (which also installs the
+/// real-world packages, `realworld.rs`), `ab` (apache2-utils) for the web-server load, readelf/objdump
 /// (binutils), and CPython's build dependencies (bookworm has no libmpdec-dev: CPython's
 /// bundled copy is used; tk-dev is optional and left out).
 pub const TESTS: &[&str] = &[
+    "apache2-utils",
     "gcc",
     "make",
     "binutils",

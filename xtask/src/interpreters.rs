@@ -352,6 +352,9 @@ pub fn ensure(cache: &Cache, no_apt: bool, timings: &mut sh::Timings) -> Result<
             problems.push(format!("{suite} root: {e:#}"));
         }
     }
+    if let Err(e) = timings.phase("real-world packages", || crate::realworld::ensure(cache)) {
+        problems.push(format!("real-world packages: {e:#}"));
+    }
     let missing = timings.phase("manifest", || write_manifest(cache))?;
     problems.extend(missing);
     Ok(problems)

@@ -22,6 +22,7 @@ mod install;
 mod interpreters;
 mod lint;
 mod printable;
+mod realworld;
 mod rust;
 mod setup;
 mod sh;
@@ -79,7 +80,7 @@ enum Cmd {
         /// Interleaved runs per configuration (at least 5).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Only these figures (comma list of 1-7; figure 2 comes with 1): printed, and
+        /// Only these figures (comma list of 1-9; figure 2 comes with 1): printed, and
         /// docs/benchmarks.md is left alone.
         #[arg(long, value_delimiter = ',')]
         only: Vec<u8>,

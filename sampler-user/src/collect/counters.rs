@@ -17,7 +17,7 @@ pub struct CounterTotals {
 }
 
 /// Kernel counters of the in-kernel Python walk.
-const PYTHON_COUNTERS: [Counter; 8] = [
+const PYTHON_COUNTERS: [Counter; 9] = [
     Counter::PySamples,
     Counter::PyNoTstate,
     Counter::PyReadErrors,
@@ -26,6 +26,7 @@ const PYTHON_COUNTERS: [Counter; 8] = [
     Counter::PyThreadBudget,
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
+    Counter::PyInvalidFrames,
 ];
 
 impl CounterTotals {
@@ -131,7 +132,7 @@ mod tests {
             "only the counters that mean loss or error, only when not 0"
         );
         let python: Vec<_> = totals.python().map(|(n, _)| n).collect();
-        assert_eq!(python.len(), 8);
+        assert_eq!(python.len(), 9);
         assert!(python.iter().all(|n| n.starts_with("py_")));
         // Every `py_*` counter is listed as a Python counter.
         let named = Counter::ALL

@@ -468,10 +468,13 @@ mod tests {
             *f = PyFrameRecord {
                 executable: 0x1000 + i as u64,
                 instr_ptr: 0x2000 + i as u64,
+                name: 0x3000 + i as u64,
+                filename: 0x4000 + i as u64,
+                globals: 0x5000 + i as u64,
                 tlbc_index: i as i32,
                 owner: (i % 4) as u8,
                 is_entry: (i % 2) as u8,
-                _pad: [0; 2],
+                first_line: i as u16,
             };
         }
         cap

@@ -53,7 +53,7 @@ pub fn load(
                 1
             },
         )
-        // Preallocated (about 26 MiB with --idle): one entry without it.
+        // Preallocated (about 50 MiB with --idle): one entry without it.
         .map_max_entries(maps::OFFCPU, if idle { OFFCPU_ENTRIES } else { 1 })
         .load(object)
         .map_err(|e| CollectError::LoadObject {

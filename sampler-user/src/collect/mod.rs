@@ -63,9 +63,9 @@ pub const RING_SECONDS: f64 = 1.0;
 pub const IDLE_RING_THREADS: usize = 8;
 /// Largest ring buffer accepted (`--ring-size`).
 pub const MAX_RING_BYTES: u32 = 256 << 20;
-/// Largest ring buffer sized automatically: half a second at 10 000 samples/s (Python samples
-/// reserve ~6 KiB each); the ring's pages are mapped twice into our memory, so more would cost
-/// RSS for little.
+/// Largest ring buffer sized automatically: a quarter of a second at 10 000 samples/s (Python
+/// samples reserve ~12 KiB each); the ring's pages are mapped twice into our memory, so more
+/// would cost RSS for little.
 pub const MAX_AUTO_RING_BYTES: u32 = 32 << 20;
 /// Smallest ring buffer accepted.
 pub const MIN_RING_BYTES: u32 = 64 << 10;
@@ -791,10 +791,10 @@ mod tests {
 
     #[test]
     fn ring_follows_rate_cpus_and_stack_size() {
-        // 99 Hz on 2 CPUs without a stack copy: ~1.2 MiB of samples per second.
+        // 99 Hz on 2 CPUs without a stack copy: ~2.4 MiB of samples per second.
         let low = ring_bytes_for(99, 2, 0);
-        assert_eq!(low, 2 << 20, "{low}");
-        // 10 000 samples/s in total: a second would be 64 MiB; the automatic size stops at 32.
+        assert_eq!(low, 4 << 20, "{low}");
+        // 10 000 samples/s in total: a second would be 128 MiB; the automatic size stops at 32.
         assert_eq!(ring_bytes_for(5000, 2, 0), MAX_AUTO_RING_BYTES);
         // --native at 99 Hz: the stack copy dominates.
         assert!(ring_bytes_for(99, 2, 32 << 10) > low);

@@ -103,7 +103,7 @@ fn offcpu_program_loads_in_every_supported_variant() {
     assert!(loaded >= 2, "only {loaded} loads");
 }
 
-/// Without `--idle` nothing of the off-CPU side is created: no program, no 26 MiB map.
+/// Without `--idle` nothing of the off-CPU side is created: no program, no 50 MiB map.
 #[test]
 fn no_offcpu_side_without_idle() {
     if !have_root("no_offcpu_side_without_idle") {

@@ -630,3 +630,113 @@ fn kernel_flags_and_counts_unusable_entries() {
     procs.insert(pid, &good).unwrap();
     drop(spinner);
 }
+
+/// Issue 17: the walk checks every frame and stops at the first invalid one, in both program
+/// variants: with `PyCode_Type` at a wrong address no frame's code object passes (no frame
+/// recorded, `INVALID_FRAME` set, `PyInvalidFrames` counted once per sample); with the
+/// largest valid owner below the entry frames' owner, the walk keeps the Python frames above
+/// the (only) entry frame and stops there; with the real entry, full captures.
+#[test]
+fn kernel_stops_at_the_first_invalid_frame() {
+    if !have_root("kernel_stops_at_the_first_invalid_frame") {
+        return;
+    }
+    let _guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let i = interp("3.12");
+    if !i.present() {
+        return;
+    }
+    let spinner = spawn(i, 6, false);
+    let reader = PythonProcess::attach(spinner.host_pid).unwrap();
+    let good = proc_info(&reader);
+    assert_ne!(good.code_type, 0, "PyCode_Type is exported by every build");
+    let pid = spinner.host_pid;
+    for variant in ["bpf_loop", "bounded"] {
+        let cfg = CollectConfig {
+            frequency_hz: 499,
+            pids: vec![pid],
+            filter_pids: true,
+            variant: super::VariantChoice::Named(variant.into()),
+            ..CollectConfig::default()
+        };
+        let mut collector = match Collector::start(&cfg) {
+            Ok(c) => c,
+            // `bpf_loop` needs 5.17: an older kernel runs only the bounded variant.
+            Err(e) if variant == "bpf_loop" && e.to_string().contains("bpf_loop") => continue,
+            Err(e) => panic!("{variant}: {e}"),
+        };
+        let mut procs = collector.take_python_procs().unwrap();
+        let cases = [
+            (
+                PyProcInfo {
+                    code_type: good.code_type ^ 0x40,
+                    ..good
+                },
+                0..=0,
+                "wrong PyCode_Type",
+            ),
+            (
+                // 3.12's entry frames have owner 3: out of range when 2 is the largest.
+                PyProcInfo {
+                    owner_max: 2,
+                    ..good
+                },
+                6..=6,
+                "owner out of range",
+            ),
+            // Six Python frames and the entry frame below `<module>`.
+            (good, 7..=7, "valid"),
+        ];
+        for (info, frames, what) in cases {
+            procs.insert(pid, &info).unwrap();
+            let before = collector.counters().unwrap();
+            let mut caps = Vec::new();
+            let started = Instant::now();
+            while caps.len() < 60 && started.elapsed() < MAX_SAMPLING {
+                collector
+                    .poll(Duration::from_millis(50), None, |ev| {
+                        if let Event::Sample(s) = ev
+                            && s.tid == pid
+                            && let Some(py) = s.python
+                        {
+                            caps.push(py);
+                        }
+                    })
+                    .unwrap();
+            }
+            let after = collector.counters().unwrap();
+            let invalid =
+                after.get(Counter::PyInvalidFrames) - before.get(Counter::PyInvalidFrames);
+            assert!(caps.len() >= 30, "{variant} {what}: {} samples", caps.len());
+            // Samples polled early may predate the swap.
+            let late = &caps[caps.len() / 5..];
+            let valid = what == "valid";
+            for cap in late {
+                let n = cap.frames.len();
+                assert_eq!(
+                    cap.flags & py_flags::INVALID_FRAME != 0,
+                    !valid,
+                    "{variant} {what}: flags {:#x}, {n} frames",
+                    cap.flags
+                );
+                assert!(frames.contains(&n), "{variant} {what}: {n} frames");
+                assert!(cap.flags & py_flags::TRUNCATED == 0, "{variant} {what}");
+                if !valid {
+                    assert!(cap.frames.iter().all(|f| f.owner <= 2), "{variant} {what}");
+                }
+            }
+            if valid {
+                assert_eq!(invalid, 0, "{variant}: valid frames counted invalid");
+            } else {
+                assert!(
+                    invalid >= late.len() as u64 && invalid <= caps.len() as u64 * 2,
+                    "{variant} {what}: {invalid} counted for {} samples (one per sample)",
+                    caps.len()
+                );
+            }
+        }
+    }
+    drop(spinner);
+}

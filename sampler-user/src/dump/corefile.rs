@@ -94,7 +94,12 @@ pub(super) fn snapshot(
     } else {
         threads
             .into_iter()
-            .map(|py| ThreadDump { py, native: None })
+            .map(|py| ThreadDump {
+                py,
+                native: None,
+                rereads: 0,
+                torn: false,
+            })
             .collect()
     };
     let cmdline = if core.process.args.is_empty() {
@@ -112,6 +117,8 @@ pub(super) fn snapshot(
         threads,
         counts: proc.error_counts().clone(),
         pauses: opts.native.then(Pauses::default),
+        paused: None,
+        ended: 0,
     };
     Ok((snapshot, missing(&files)))
 }
@@ -189,6 +196,8 @@ fn native_threads(
             ThreadDump {
                 py,
                 native: Some(native),
+                rereads: 0,
+                torn: false,
             }
         })
         .collect()

@@ -1,5 +1,7 @@
 //! `dump` of a live process: one snapshot of every thread, and with `--native` each thread
-//! stopped in turn (`ptrace`) while its registers, stack and Python frames are read.
+//! stopped in turn (`ptrace`) while its registers, stack and Python frames are read; with
+//! `--pause` each thread stopped in turn while its Python frames are read; without either, a
+//! thread whose chain changed under the walk read again (at most [`MAX_REREADS`] times).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +17,9 @@ use crate::procs::ProcessRegistry;
 use crate::python::walker::Limits;
 use crate::python::{PyError, PyThread, PythonProcess};
 
+/// Reads of a thread after the first one when its chain changed under the walk.
+pub const MAX_REREADS: u32 = 8;
+
 pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpError> {
     let mut proc = PythonProcess::attach(pid)?;
     proc.set_limits(Limits {
@@ -24,15 +29,25 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
     let threads = proc.threads()?;
     let gil_enabled = proc.gil_enabled().unwrap_or(true);
     let cmdline = live_cmdline(pid);
+    let mut pause_stats = None;
     let (threads, pauses) = if opts.native {
         let (t, p) = native_threads(&mut proc, threads)?;
         (t, Some(p))
-    } else {
-        let t = threads
-            .into_iter()
-            .map(|py| ThreadDump { py, native: None })
-            .collect();
+    } else if opts.pause {
+        let (t, p) = paused_threads(&mut proc, threads)?;
+        pause_stats = Some(p);
         (t, None)
+    } else {
+        let mut out = Vec::with_capacity(threads.len());
+        for py in threads {
+            out.push(reread_torn(&mut proc, py)?);
+        }
+        (out, None)
+    };
+    let (threads, ended) = if opts.native {
+        (threads, 0)
+    } else {
+        settle_empty(&mut proc, threads)?
     };
     Ok(Snapshot {
         pid,
@@ -44,7 +59,152 @@ pub(super) fn snapshot(pid: u32, opts: &DumpOptions) -> Result<Snapshot, DumpErr
         threads,
         counts: proc.error_counts().clone(),
         pauses,
+        paused: pause_stats,
+        ended,
     })
+}
+
+/// Pause between reads of a thread without Python frames in [`settle_empty`].
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+/// Reads of a thread without Python frames in [`settle_empty`] (50 ms of pauses at most: a
+/// thread ending on a loaded machine may wait that long for a CPU).
+const SETTLE_READS: u32 = 100;
+
+/// Threads read without a Python frame: a thread that is starting (its first frame not pushed
+/// yet) or ending (its last frame popped, its thread state not yet deleted — a thread per
+/// request ends hundreds of times a second, still holding the GIL while it tears down). Each
+/// is read again, [`SETTLE_PAUSE`] apart, at most [`SETTLE_READS`] times, until it has frames
+/// or is gone: a gone thread is left out of the dump (the number is reported), one that stays
+/// without frames is shown so.
+fn settle_empty(
+    proc: &mut PythonProcess,
+    threads: Vec<ThreadDump>,
+) -> Result<(Vec<ThreadDump>, u32), DumpError> {
+    let pid = proc.pid();
+    let gone = |tid: u32| !Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+    let mut out = Vec::with_capacity(threads.len());
+    let mut ended = 0;
+    for mut t in threads {
+        let (Some(tid), true) = (t.py.host_tid, t.py.frames.is_empty() && !t.py.truncated) else {
+            out.push(t);
+            continue;
+        };
+        let mut left = false;
+        for _ in 0..SETTLE_READS {
+            if gone(tid) {
+                left = true;
+                break;
+            }
+            std::thread::sleep(SETTLE_PAUSE);
+            t.rereads += 1;
+            match proc.thread_frames(t.py.tstate_addr) {
+                Ok(w) if !w.frames.is_empty() => {
+                    t.py.frames = w.frames;
+                    t.py.items = w.items;
+                    t.py.locals = w.locals;
+                    t.py.truncated = w.truncated;
+                    break;
+                }
+                Ok(_) => {}
+                Err(PyError::ProcessGone { pid }) => return Err(DumpError::Exited { pid }),
+                // The thread state is gone: the thread ended.
+                Err(_) => {
+                    left = true;
+                    break;
+                }
+            }
+        }
+        if left || gone(tid) && t.py.frames.is_empty() {
+            ended += 1;
+        } else {
+            out.push(t);
+        }
+    }
+    Ok((out, ended))
+}
+
+/// Whether `py`'s walk was cut short by its chain (a changing one: an unreadable frame, a
+/// frame that is none), not by the depth cap.
+fn cut_short(proc: &PythonProcess, py: &PyThread) -> bool {
+    py.truncated && py.frames.len() < proc.limits().max_depth
+}
+
+/// `py`, read again while its walk is cut short by a chain that changed under it (a running
+/// thread), at most [`MAX_REREADS`] times.
+fn reread_torn(proc: &mut PythonProcess, mut py: PyThread) -> Result<ThreadDump, DumpError> {
+    let mut rereads = 0;
+    while cut_short(proc, &py) && rereads < MAX_REREADS {
+        rereads += 1;
+        match proc.thread_frames(py.tstate_addr) {
+            Ok(w) => {
+                py.frames = w.frames;
+                py.items = w.items;
+                py.locals = w.locals;
+                py.truncated = w.truncated;
+            }
+            Err(PyError::ProcessGone { pid }) => return Err(DumpError::Exited { pid }),
+            // The thread state itself is gone (the thread ended): what was read stays.
+            Err(_) => break,
+        }
+    }
+    let torn = cut_short(proc, &py);
+    Ok(ThreadDump {
+        py,
+        native: None,
+        rereads,
+        torn,
+    })
+}
+
+/// `--pause`: every thread stopped in turn while its Python frames are walked again.
+fn paused_threads(
+    proc: &mut PythonProcess,
+    threads: Vec<PyThread>,
+) -> Result<(Vec<ThreadDump>, Pauses), DumpError> {
+    let pid = proc.pid();
+    let mut pauses = Pauses::default();
+    let mut out = Vec::with_capacity(threads.len());
+    for mut py in threads {
+        let Some(tid) = py.host_tid else {
+            out.push(reread_torn(proc, py)?);
+            continue;
+        };
+        let stopped = match ThreadStop::stop(tid) {
+            Ok(stop) => {
+                let walked = proc.thread_frames(py.tstate_addr);
+                let pause = u64::try_from(stop.elapsed().as_micros()).unwrap_or(u64::MAX);
+                drop(stop);
+                pauses.threads += 1;
+                pauses.max_us = pauses.max_us.max(pause);
+                pauses.total_us += pause;
+                walked
+            }
+            Err(_) if !process_exists(pid) => return Err(DumpError::Exited { pid }),
+            // A thread that ended since the first walk: that walk stays.
+            Err(_) => {
+                out.push(reread_torn(proc, py)?);
+                continue;
+            }
+        };
+        match stopped {
+            Ok(w) => {
+                py.frames = w.frames;
+                py.items = w.items;
+                py.locals = w.locals;
+                py.truncated = w.truncated;
+            }
+            Err(PyError::ProcessGone { pid }) => return Err(DumpError::Exited { pid }),
+            Err(_) => {}
+        }
+        // Stopped, its chain cannot change: cut short means unreadable, not torn.
+        out.push(ThreadDump {
+            py,
+            native: None,
+            rereads: 0,
+            torn: false,
+        });
+    }
+    Ok((out, pauses))
 }
 
 fn process_exists(pid: u32) -> bool {
@@ -98,6 +258,8 @@ fn native_threads(
         out.push(ThreadDump {
             py,
             native: Some(native),
+            rereads: 0,
+            torn: false,
         });
     }
     Ok((out, pauses))

@@ -9,9 +9,11 @@
 //! a core) and the merge (`native`). Renderings: `output`.
 //! Input: [`DumpOptions`] (the CLI wiring in `main.rs` builds them). Output: text or JSON on
 //! `out`.
-//! Constraints: a live target is never stopped except with `--native`, and then one thread at
-//! a time for as long as it takes to read its registers, copy its stack and walk its Python
-//! frames (measured and reported); a core's mapped file missing under `--root` is named in one
+//! Constraints: a live target is never stopped except with `--native` or `--pause`, and then
+//! one thread at a time for as long as it takes to read its registers, copy its stack and walk
+//! its Python frames (measured and reported); without them, a thread whose frame chain
+//! changed while it was read is read again (at most [`live::MAX_REREADS`] times) and, if it
+//! still changes, shown as torn with what was read; a core's mapped file missing under `--root` is named in one
 //! line after the output (exit 1), the rest of the dump is still printed.
 
 mod corefile;
@@ -47,6 +49,9 @@ pub struct DumpOptions {
     pub locals: Option<ValueLimits>,
     /// Native frames merged with the Python frames (`--native`).
     pub native: bool,
+    /// Each thread stopped while its Python frames are read (`--pause`; `--native` does it
+    /// anyway): a consistent snapshot of each thread.
+    pub pause: bool,
 }
 
 /// A failed dump; `Display` is one clear line.
@@ -109,6 +114,12 @@ pub struct NativeDump {
 pub struct ThreadDump {
     pub py: PyThread,
     pub native: Option<NativeDump>,
+    /// Walks of its frames after the first one: a walk cut short by a frame that changed
+    /// under it (a running thread pushes and pops frames while it is read) is done again.
+    pub rereads: u32,
+    /// Still cut short by a changing chain after every reread: the frames shown are what was
+    /// read (never a made-up or empty stack in place of it).
+    pub torn: bool,
 }
 
 /// What a dump shows.
@@ -125,6 +136,10 @@ pub struct Snapshot {
     pub counts: ErrorCounts,
     /// `--native` on a live process: the pauses; on a core: zero.
     pub pauses: Option<Pauses>,
+    /// `--pause` (without `--native`): the pauses.
+    pub paused: Option<Pauses>,
+    /// Threads without a Python frame that ended while the dump read them (left out).
+    pub ended: u32,
 }
 
 /// Takes one snapshot and writes it to `out`.
@@ -179,6 +194,7 @@ mod tests {
             json,
             locals: None,
             native: false,
+            pause: false,
         };
         let e = run(&opts(DumpTarget::Pid(std::process::id()), true), &mut out).unwrap_err();
         assert_eq!(

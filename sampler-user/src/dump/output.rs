@@ -7,8 +7,12 @@
 //! JSON: the contract below.
 //! Constraints: the JSON shape is a contract (end-to-end tests parse it):
 //! `{"pid", "python": {"version", "free_threaded", "gil_enabled"}, "threads": [{"tid",
-//! "native_thread_id", "python_thread_id", "name", "gil", "truncated", "frames": [{"function",
-//! "file", "line", "first_line"}]}]}`; `tid` is the host TID (null if unknown). With
+//! "native_thread_id", "python_thread_id", "name", "gil", "truncated", "torn", "rereads",
+//! "frames": [{"function", "file", "line", "first_line"}]}]}`; `tid` is the host TID (null if
+//! unknown); `torn`: the chain kept changing while it was read (`rereads` more times), the
+//! frames are what was read. With `--pause` the top level has `"pause": {"threads_stopped",
+//! "pause_us_max", "pause_us_total"}`; `threads_ended`: threads without a Python frame that
+//! ended while the dump read them (left out). With
 //! `--locals` every Python frame also has `"locals": [{"name", "arg", "value"}]`. With `--core`
 //! the top level also has `"core": {"path", "compressed"}` (`pid` is the pid the process had).
 //! With `--native` the top level has `"native": {"threads_stopped", "pause_us_max",
@@ -67,6 +71,10 @@ struct JsonDump<'a> {
     python: JsonPython,
     #[serde(skip_serializing_if = "Option::is_none")]
     native: Option<JsonNativeSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pause: Option<JsonNativeSummary>,
+    /// Threads that ended while the dump read them (left out of `threads`).
+    threads_ended: u32,
     threads: Vec<JsonThread<'a>>,
 }
 
@@ -98,6 +106,8 @@ struct JsonThread<'a> {
     name: Option<&'a str>,
     gil: &'static str,
     truncated: bool,
+    torn: bool,
+    rereads: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     native: Option<JsonNativeThread>,
     frames: Vec<JsonFrame<'a>>,
@@ -214,6 +224,8 @@ fn json_thread(t: &ThreadDump, with_locals: bool) -> JsonThread<'_> {
         name: py.name.as_deref(),
         gil: gil_json(py.gil),
         truncated: py.truncated,
+        torn: t.torn,
+        rereads: t.rereads,
         native: t.native.as_ref().map(|n| JsonNativeThread {
             pause_us: n.pause_us,
             merge: merge_name(n.merged.outcome),
@@ -237,6 +249,12 @@ pub fn write_json(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
             gil_enabled: s.gil_enabled,
         },
         native: s.pauses.map(|p| JsonNativeSummary {
+            threads_stopped: p.threads,
+            pause_us_max: p.max_us,
+            pause_us_total: p.total_us,
+        }),
+        threads_ended: s.ended,
+        pause: s.paused.map(|p| JsonNativeSummary {
             threads_stopped: p.threads,
             pause_us_max: p.max_us,
             pause_us_total: p.total_us,
@@ -308,6 +326,13 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
         )?,
         (None, _) => {}
     }
+    if let Some(p) = s.paused {
+        writeln!(
+            out,
+            "Each thread stopped while its stack was read: {} threads, {} µs at most, {} µs in all",
+            p.threads, p.max_us, p.total_us
+        )?;
+    }
     for t in &s.threads {
         let py = &t.py;
         let tid = py.host_tid.map_or_else(
@@ -347,9 +372,14 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
                 }
             }
         }
-        if py.truncated {
-            writeln!(out, "    ... truncated at {} frames", py.frames.len())?;
-        }
+        write_cut(t, out)?;
+    }
+    if s.ended > 0 {
+        writeln!(
+            out,
+            "\n({} threads without Python frames ended while the dump read them: not shown)",
+            s.ended
+        )?;
     }
     let counts = &s.counts;
     if counts.total() > 0 {
@@ -360,6 +390,23 @@ pub fn write_text(s: &Snapshot, out: &mut dyn Write) -> Result<(), DumpError> {
         writeln!(out, "\n(read errors: {})", list.join(", "))?;
     }
     Ok(())
+}
+
+/// The line under a thread whose stack was torn (changed while it was read) or truncated.
+fn write_cut(t: &ThreadDump, out: &mut dyn Write) -> std::io::Result<()> {
+    let n = t.py.frames.len();
+    if t.torn {
+        writeln!(
+            out,
+            "    ... torn: the stack changed while it was read ({} reads); the {n} frames above \
+             are what was read (--pause stops the thread for a consistent stack)",
+            t.rereads + 1,
+        )
+    } else if t.py.truncated {
+        writeln!(out, "    ... truncated at {n} frames")
+    } else {
+        Ok(())
+    }
 }
 
 /// `Arguments:` and `Locals:` under a frame, one `name = value` per line.

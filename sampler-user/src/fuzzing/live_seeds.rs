@@ -181,6 +181,7 @@ fn seeds_of(name: &'static str) {
             json: true,
             locals: Some(ValueLimits::default()),
             native: false,
+            pause: false,
         },
         &mut out,
     )

@@ -136,7 +136,7 @@ pub fn python_reader(data: &[u8]) {
                 assert!(f.file.chars().count() <= MAX_FILE_CHARS + 1);
             }
         }
-        let _ = kernel::offsets_from_layout(proc.layout(), snapshot.runtime_addr);
+        let _ = kernel::offsets_from_layout(proc.layout(), snapshot.runtime_addr, 0);
     }
     let largest = largest.load(Ordering::Relaxed);
     assert!(largest <= MAX_READ, "a read of {largest} bytes");
@@ -161,7 +161,7 @@ pub fn debug_offsets(data: &[u8]) {
     };
     if let Ok(layout) = RuntimeLayout::build(version, bytes) {
         let _ = layout.family();
-        let _ = kernel::offsets_from_layout(&layout, 0x1000);
+        let _ = kernel::offsets_from_layout(&layout, 0x1000, 0x2000);
     }
 }
 
@@ -335,6 +335,7 @@ pub fn core(data: &[u8]) {
         json: data.len().is_multiple_of(2),
         locals: Some(ValueLimits::default()),
         native: data.len().is_multiple_of(3),
+        pause: false,
     };
     let mut out = Counting(0);
     let _ = crate::dump::run(&opts, &mut out);

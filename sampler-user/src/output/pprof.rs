@@ -440,7 +440,7 @@ impl Tables {
         }
         let frame = profile.frame(id);
         let (filename, object): (Option<&str>, Option<&str>) = match frame.kind {
-            FrameKind::Python => (frame.file.as_deref(), None),
+            FrameKind::Python => (frame.display_file(profile.file_names), None),
             FrameKind::Native => {
                 let module = frame.module.as_deref();
                 (frame.file.as_deref().or(module), module)

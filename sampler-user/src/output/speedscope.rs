@@ -35,8 +35,12 @@ impl Renderer for Speedscope {
             } else {
                 b",{\"name\":"
             })?;
-            string(out, &f.label())?;
-            if let Some(file) = f.file.as_deref().or(f.module.as_deref()) {
+            string(out, &f.label_as(profile.file_names))?;
+            let file = match f.kind {
+                crate::profile::FrameKind::Python => f.display_file(profile.file_names),
+                _ => f.file.as_deref(),
+            };
+            if let Some(file) = file.or(f.module.as_deref()) {
                 out.write_all(b",\"file\":")?;
                 string(out, file)?;
             }

@@ -60,8 +60,22 @@ pub struct Frame {
     pub module: Option<Arc<str>>,
     /// Source file, when known.
     pub file: Option<Arc<str>>,
+    /// Python frames: `file` relative to the `sys.path` entry it was imported from
+    /// (`sympy/core/expr.py`), when that is shorter (`python::syspath`).
+    pub short_file: Option<Arc<str>>,
     /// Source line, when known.
     pub line: Option<u32>,
+}
+
+/// Which file names the outputs show: short by default (as py-spy does), whole with
+/// `--full-filenames`. Saved profiles keep both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FileNames {
+    /// A Python file relative to its `sys.path` entry.
+    #[default]
+    Short,
+    /// The whole path.
+    Full,
 }
 
 impl Frame {
@@ -72,14 +86,28 @@ impl Frame {
             name: name.into(),
             module: None,
             file: None,
+            short_file: None,
             line: None,
         }
     }
 
+    /// The file name shown under `names`.
+    pub fn display_file(&self, names: FileNames) -> Option<&str> {
+        match names {
+            FileNames::Short => self.short_file.as_deref().or(self.file.as_deref()),
+            FileNames::Full => self.file.as_deref(),
+        }
+    }
+
+    /// [`Frame::label_as`] with short file names.
+    pub fn label(&self) -> String {
+        self.label_as(FileNames::Short)
+    }
+
     /// The label used in flame graphs and folded stacks: `function (file:line)` for Python,
     /// `name_[k]` for kernel frames (the FlameGraph convention that colours them), else the name.
-    pub fn label(&self) -> String {
-        match (self.kind, &self.file, self.line) {
+    pub fn label_as(&self, names: FileNames) -> String {
+        match (self.kind, self.display_file(names), self.line) {
             (FrameKind::Python, Some(f), Some(l)) => format!("{} ({f}:{l})", self.name),
             (FrameKind::Python, Some(f), None) => format!("{} ({f})", self.name),
             (FrameKind::Kernel, ..) => format!("{}_[k]", self.name),

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Frame, FrameId, NameId, RunMeta, Sample, SampleKey, StackId, sanitize_label};
+use super::{
+    FileNames, Frame, FrameId, NameId, RunMeta, Sample, SampleKey, StackId, sanitize_label,
+};
 use crate::lru::{FastMap, FastSet};
 
 /// The samples counted under one key.
@@ -43,6 +45,8 @@ pub struct Profile {
     timeline: Option<Vec<Sample>>,
     /// Run metadata.
     pub meta: RunMeta,
+    /// Which file names the outputs show (a view setting, not saved).
+    pub file_names: FileNames,
 }
 
 impl Profile {
@@ -282,7 +286,7 @@ impl Profile {
             let key = self
                 .stack(sid)
                 .iter()
-                .map(|f| sanitize_label(&self.frame(*f).label()))
+                .map(|f| sanitize_label(&self.frame(*f).label_as(self.file_names)))
                 .collect::<Vec<_>>()
                 .join(";");
             *agg.entry(key).or_default() += count;

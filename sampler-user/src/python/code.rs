@@ -20,8 +20,7 @@ use super::layout::{InstrKind, RuntimeLayout};
 use super::linetable::line_at_kind;
 use super::locals::LocalsCache;
 use super::memory::{MemError, ReadMemory, field_u32, field_u64};
-use super::objects::Known;
-use super::objects::KnownObjects;
+use super::objects::{Known, KnownObjects, dict_entries};
 use super::unicode::{StrError, check_type, read_bytes_typed, read_str_typed};
 use crate::lru::Lru;
 
@@ -42,6 +41,9 @@ pub enum CodeError {
     NotCode { addr: u64 },
     #[error("bad code object at {addr:#x}: {what}")]
     Bad { addr: u64, what: &'static str },
+    /// The code object sampled at this address was freed, and another one lives there now.
+    #[error("the code object sampled at {addr:#x} was replaced")]
+    Replaced { addr: u64 },
 }
 
 impl CodeError {
@@ -50,6 +52,7 @@ impl CodeError {
             CodeError::Memory(_) => ErrorKind::MemoryRead,
             CodeError::NotCode { .. } => ErrorKind::NotCode,
             CodeError::Bad { .. } => ErrorKind::BadCodeObject,
+            CodeError::Replaced { .. } => ErrorKind::CodeFreed,
         }
     }
 }
@@ -81,6 +84,20 @@ fn typed_field<T>(read: Result<T, StrError>, invalid: T, wrong: &mut bool) -> Re
     }
 }
 
+/// What the kernel recorded of a frame's code object at the sample (`PyFrameRecord`): its
+/// name (`co_qualname`, ≤ 3.10 `co_name`) and file name pointers and the low 16 bits of
+/// `co_firstlineno`. User space reads the code object later; this says whether it is still
+/// the one that was sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CodeIdentity {
+    pub name: u64,
+    pub filename: u64,
+    pub first_line: u16,
+    /// The frame's `f_globals` when it runs module-level code (`f_locals == f_globals`), else
+    /// 0: not part of the identity; names a freed module body by its module.
+    pub globals: u64,
+}
+
 /// The header words that identify a code object; compared on every cache hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fingerprint {
@@ -91,6 +108,15 @@ struct Fingerprint {
     qualname: u64,
     linetable: u64,
     firstlineno: u32,
+}
+
+impl Fingerprint {
+    /// Whether this is the code object the kernel sampled as `id`.
+    fn is(&self, id: CodeIdentity) -> bool {
+        self.qualname == id.name
+            && self.filename == id.filename
+            && self.firstlineno as u16 == id.first_line
+    }
 }
 
 /// What the reader keeps of a code object.
@@ -280,6 +306,30 @@ impl CodeCache {
         self.entries.insert(addr, Arc::clone(&info));
         Ok(info)
     }
+
+    /// The metadata of the code object the kernel sampled at `addr` as `id`: from the cache
+    /// without reading the target when the cached object is that one (its metadata never
+    /// changes, and it may have been freed since), else read as [`Self::get`] does.
+    /// [`CodeError::Replaced`] when the object at `addr` now is another one.
+    pub fn get_sampled(
+        &mut self,
+        ctx: Ctx<'_>,
+        addr: u64,
+        id: CodeIdentity,
+        counts: &mut ErrorCounts,
+    ) -> Result<Arc<CodeInfo>, CodeError> {
+        if let Some(hit) = self.entries.get(&addr)
+            && hit.fingerprint.is(id)
+        {
+            return Ok(Arc::clone(hit));
+        }
+        let info = self.get(ctx, addr, counts)?;
+        if info.fingerprint.is(id) {
+            Ok(info)
+        } else {
+            Err(CodeError::Replaced { addr })
+        }
+    }
 }
 
 /// A resolved frame, and whether it is the `__init__` shim (to be dropped).
@@ -334,8 +384,90 @@ pub fn resolve(
     instr_ptr: u64,
     tlbc_index: i32,
 ) -> Result<Resolved, CodeError> {
-    let layout = ctx.layout;
     let info = cache.get(ctx, code_addr, counts)?;
+    Ok(frame_of(
+        ctx, &info, counts, code_addr, instr_ptr, tlbc_index,
+    ))
+}
+
+/// As [`resolve`], for a frame the kernel captured with its code object's identity `id`. A
+/// code object freed since the sample (a module body whose import finished, code run by
+/// `exec`), or replaced by another at the same address, is named from the name and file name
+/// objects the sample recorded, if they are still `str` objects, with line -1 (its line table
+/// went with it); counted as `code_freed`.
+pub fn resolve_sampled(
+    ctx: Ctx<'_>,
+    cache: &mut CodeCache,
+    counts: &mut ErrorCounts,
+    (code_addr, instr_ptr, tlbc_index): (u64, u64, i32),
+    id: CodeIdentity,
+) -> Result<Resolved, CodeError> {
+    match cache.get_sampled(ctx, code_addr, id, counts) {
+        Ok(info) => Ok(frame_of(
+            ctx, &info, counts, code_addr, instr_ptr, tlbc_index,
+        )),
+        Err(e) => {
+            // Whatever failed, the object sampled is not there any more: the names it had
+            // are the only way to show it, and they must read as `str` objects.
+            let names = read_str_typed(ctx, id.name, MAX_NAME_CHARS)
+                .and_then(|n| Ok((n, read_str_typed(ctx, id.filename, MAX_FILE_CHARS)?)));
+            // Module-level code (a module body, whose code object and names usually go as soon
+            // as its import finished): named by the module that ran it.
+            let module = || {
+                let file = module_file(ctx, id.globals)?;
+                Some((MODULE_CODE.to_string(), file))
+            };
+            let Some((function, file)) = names.ok().or_else(module) else {
+                return Err(e);
+            };
+            counts.add(ErrorKind::CodeFreed);
+            Ok(Resolved {
+                frame: PyFrame {
+                    function,
+                    file,
+                    line: -1,
+                    first_line: i32::from(id.first_line),
+                    code_addr,
+                },
+                is_init_shim: false,
+            })
+        }
+    }
+}
+
+/// The name CPython gives module-level code objects.
+const MODULE_CODE: &str = "<module>";
+/// Entries of a module's namespace scanned for `__file__` (it is among the first few:
+/// `__name__`, `__doc__`, `__package__`, `__loader__`, `__spec__`, `__file__`, …).
+const MODULE_KEYS_SCANNED: u64 = 16;
+
+/// `__file__` (else `__name__`) of the module whose namespace is the dict at `globals`.
+fn module_file(ctx: Ctx<'_>, globals: u64) -> Option<String> {
+    if globals == 0 || check_type(ctx, globals, Known::Dict).is_err() {
+        return None;
+    }
+    let entries = dict_entries(ctx, globals, usize::MAX, MODULE_KEYS_SCANNED).ok()?;
+    let value = |key: &str| {
+        entries.items.iter().find_map(|&(k, v)| {
+            read_str_typed(ctx, k, key.len() + 1)
+                .is_ok_and(|s| s == key)
+                .then(|| read_str_typed(ctx, v, MAX_FILE_CHARS).ok())
+                .flatten()
+        })
+    };
+    value("__file__").or_else(|| value("__name__"))
+}
+
+/// The frame of a code object's metadata at `instr_ptr`.
+fn frame_of(
+    ctx: Ctx<'_>,
+    info: &CodeInfo,
+    counts: &mut ErrorCounts,
+    code_addr: u64,
+    instr_ptr: u64,
+    tlbc_index: i32,
+) -> Resolved {
+    let layout = ctx.layout;
     if info.wrong_type {
         counts.add(ErrorKind::WrongType);
     }
@@ -376,7 +508,7 @@ pub fn resolve(
     let is_init_shim = info.firstlineno == 0
         && line == -1
         && (info.in_image || (info.qualname == "__init__" && info.filename == "__init__"));
-    Ok(Resolved {
+    Resolved {
         frame: PyFrame {
             function: info.qualname.clone(),
             file: info.filename.clone(),
@@ -385,7 +517,7 @@ pub fn resolve(
             code_addr,
         },
         is_init_shim,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -432,6 +564,100 @@ mod tests {
         ));
         cache.set_generation(1);
         assert!(cache.is_empty());
+    }
+
+    /// The identity the kernel recorded with a frame: a cached code object matching it is used
+    /// without reading the target (it may be freed by now); one freed since is named from the
+    /// names recorded (no line), else from the module whose namespace the frame ran in; one
+    /// replaced at its address is never named after its successor. Issue 17.
+    #[test]
+    fn sampled_frames_outlive_their_code_objects() {
+        for flavor in Flavor::ALL {
+            let mut b = ImageBuilder::new(flavor);
+            let code = b.code(&CodeSpec::simple("f", "/a.py", 10, &[(10, 4), (11, 4)]));
+            let other = b.code(&CodeSpec::simple("g", "/b.py", 20, &[(20, 4)]));
+            let k_file = b.str_object("__file__");
+            let k_name = b.str_object("__name__");
+            let v_file = b.str_object("/site/pkg/mod.py");
+            let v_name = b.str_object("pkg.mod");
+            let globals = b.dict_object(1, &[(k_name, v_name), (k_file, v_file)]);
+            let (layout, target) = (b.layout().clone(), b.target());
+            let mut mem = b.memory();
+            let c = &layout.code;
+            let word = |mem: &crate::python::memory::ImageMemory, addr: u64| {
+                let mut v = [0u8; 8];
+                mem.read(addr, &mut v).unwrap();
+                u64::from_le_bytes(v)
+            };
+            let id = CodeIdentity {
+                name: word(&mem, code + c.qualname.unwrap_or(c.name)),
+                filename: word(&mem, code + c.filename),
+                first_line: 10,
+                globals: 0,
+            };
+            let ip = match layout.frame.instr {
+                InstrKind::Lasti { .. } => 1,
+                _ => code + c.code_adaptive.unwrap_or(0) + 2,
+            };
+            let (mut cache, mut counts) = (CodeCache::default(), ErrorCounts::default());
+            let at = |mem: &crate::python::memory::ImageMemory,
+                      cache: &mut CodeCache,
+                      counts: &mut ErrorCounts,
+                      id| {
+                let ctx = Ctx {
+                    mem,
+                    layout: &layout,
+                    target: &target,
+                };
+                resolve_sampled(ctx, cache, counts, (code, ip, 0), id).map(|r| r.frame)
+            };
+            let r = at(&mem, &mut cache, &mut counts, id).unwrap();
+            assert_eq!((r.function.as_str(), r.line), ("f", 10), "{flavor:?}");
+            // Freed (its type word overwritten): the cached metadata still serves the frames
+            // the kernel sampled while it lived.
+            mem.bytes_mut(code + layout.object.ob_type, 8)
+                .unwrap()
+                .copy_from_slice(&0u64.to_le_bytes());
+            let r = at(&mem, &mut cache, &mut counts, id).unwrap();
+            assert_eq!((r.function.as_str(), r.line), ("f", 10), "{flavor:?}");
+            // Never seen alive: named from the recorded names, without a line.
+            let mut fresh = CodeCache::default();
+            let r = at(&mem, &mut fresh, &mut counts, id).unwrap();
+            assert_eq!(
+                (r.function.as_str(), r.file.as_str(), r.line),
+                ("f", "/a.py", -1),
+                "{flavor:?}"
+            );
+            assert_eq!(counts.get(ErrorKind::CodeFreed), 1, "{flavor:?}");
+            // Replaced by another code object at the same address: not named after it.
+            let mut bytes = vec![0u8; c.header_bytes() as usize];
+            mem.read(other, &mut bytes).unwrap();
+            mem.bytes_mut(code, bytes.len())
+                .unwrap()
+                .copy_from_slice(&bytes);
+            let r = at(&mem, &mut CodeCache::default(), &mut counts, id).unwrap();
+            assert_eq!((r.function.as_str(), r.line), ("f", -1), "{flavor:?}");
+            // Names gone too: the module of a module-level frame, else an error.
+            let gone = CodeIdentity {
+                name: 0x10,
+                filename: 0x10,
+                ..id
+            };
+            assert!(at(&mem, &mut CodeCache::default(), &mut counts, gone).is_err());
+            let module = CodeIdentity { globals, ..gone };
+            let r = at(&mem, &mut CodeCache::default(), &mut counts, module).unwrap();
+            assert_eq!(
+                (r.function.as_str(), r.file.as_str(), r.line),
+                ("<module>", "/site/pkg/mod.py", -1),
+                "{flavor:?}"
+            );
+            // A namespace that is no dict names nothing.
+            let not_a_dict = CodeIdentity {
+                globals: v_name,
+                ..gone
+            };
+            assert!(at(&mem, &mut CodeCache::default(), &mut counts, not_a_dict).is_err());
+        }
     }
 
     /// A name pointing at an object of another type reads `<invalid>` and is counted on

@@ -78,6 +78,9 @@ pub enum ErrorKind {
     BadCodeObject,
     /// A cached code object changed at the same address.
     CodeCacheStale,
+    /// The code object a frame was sampled with was freed (or replaced at its address) before
+    /// it was read: the frame is named from the sample, without a line.
+    CodeFreed,
     /// `instr_ptr` was outside `[0, 2 * ob_size)` of its code object: a torn read; line -1.
     TornInstrPtr,
     /// The line table was malformed; line -1.
@@ -86,6 +89,8 @@ pub enum ErrorKind {
     TlbcFallback,
     /// A frame chain looped.
     FrameLoop,
+    /// A frame's `owner` is no value CPython uses: the chain was read while it changed.
+    NotAFrame,
     /// A stack was cut at the depth cap.
     DepthTruncated,
     /// More threads (or interpreters) than the caps; the rest were not read.
@@ -107,16 +112,18 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::MemoryRead,
         ErrorKind::BadExecutable,
         ErrorKind::NotCode,
         ErrorKind::BadCodeObject,
         ErrorKind::CodeCacheStale,
+        ErrorKind::CodeFreed,
         ErrorKind::TornInstrPtr,
         ErrorKind::BadLineTable,
         ErrorKind::TlbcFallback,
         ErrorKind::FrameLoop,
+        ErrorKind::NotAFrame,
         ErrorKind::DepthTruncated,
         ErrorKind::TooManyThreads,
         ErrorKind::BadThreadList,
@@ -134,10 +141,12 @@ impl ErrorKind {
             ErrorKind::NotCode => "not_code",
             ErrorKind::BadCodeObject => "bad_code_object",
             ErrorKind::CodeCacheStale => "code_cache_stale",
+            ErrorKind::CodeFreed => "code_freed",
             ErrorKind::TornInstrPtr => "torn_instr_ptr",
             ErrorKind::BadLineTable => "bad_line_table",
             ErrorKind::TlbcFallback => "tlbc_fallback",
             ErrorKind::FrameLoop => "frame_loop",
+            ErrorKind::NotAFrame => "not_a_frame",
             ErrorKind::DepthTruncated => "depth_truncated",
             ErrorKind::TooManyThreads => "too_many_threads",
             ErrorKind::BadThreadList => "bad_thread_list",

@@ -27,6 +27,11 @@ pub(crate) struct VersionFacts {
     pub cframe_current_frame: Option<u64>,
     pub instr: InstrKind,
     pub entry: EntryRule,
+    /// The largest valid `_PyInterpreterFrame.owner` (`enum _frameowner`; None: ≤ 3.10, no
+    /// owner).
+    pub owner_max: Option<u8>,
+    /// `f_globals` and `f_locals` of a frame (not in the debug offsets).
+    pub frame_namespaces: (u64, u64),
     /// ≤ 3.10: frames are `PyFrameObject`s (with an `ob_type` to check against `PyFrame_Type`).
     pub frame_is_object: bool,
     pub linetable: LineTableKind,
@@ -175,6 +180,10 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         cframe_current_frame: None,
         instr: InstrKind::InstrPtr,
         entry: EntryRule::OwnerAtLeast(3),
+        owner_max: Some(3),
+        // `f_executable`, `previous`, `f_funcobj`, then `f_globals` @24, `f_builtins`,
+        // `f_locals` @40 (3.12–3.15 `_PyInterpreterFrame`).
+        frame_namespaces: (24, 40),
         frame_is_object: false,
         linetable: LineTableKind::Locations,
         dict_keys: DictKeys::Log2,
@@ -198,6 +207,10 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
         cframe_current_frame: None,
         instr: InstrKind::Lasti { unit_bytes: 1 },
         entry: EntryRule::EveryFrame,
+        owner_max: None,
+        // `PyFrameObject`: `PyObject_VAR_HEAD`, `f_back`, `f_code`, `f_builtins`, then
+        // `f_globals` @48, `f_locals` @56.
+        frame_namespaces: (48, 56),
         frame_is_object: true,
         linetable: LineTableKind::Lnotab,
         dict_keys: DictKeys::Sized,
@@ -234,6 +247,9 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             cframe_current_frame: Some(8),
             instr: InstrKind::PrevInstr,
             entry: EntryRule::EntryFlag,
+            owner_max: Some(2),
+            // 3.11 `_PyInterpreterFrame`: `f_func`, `f_globals` @8, `f_builtins`, `f_locals` @24.
+            frame_namespaces: (8, 24),
             long_form: LongForm::SignedSize,
             managed_dict: ManagedDict::ValuesThenDict {
                 values: -32,
@@ -268,6 +284,8 @@ pub(crate) fn version_facts(major: u8, minor: u8, ft: bool) -> Result<VersionFac
             source: FieldSource::DebugOffsets(FIELDS_314),
             unicode_version: "16.0.0",
             stackref_tag_mask: 3,
+            // `FRAME_OWNED_BY_INTERPRETER` 3 and `FRAME_OWNED_BY_CSTACK` 4 (§3.4).
+            owner_max: Some(4),
             holds_gil: HoldsGilFact::Int(36),
             state: Some(44),
             unicode_bits: if ft {

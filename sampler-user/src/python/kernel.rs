@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt as _;
 
 use sampler_common::{PY_NO_OFFSET, PyProcInfo};
 
-use super::layout::GilAt;
+use super::layout::{EntryRule, GilAt};
 use super::{PyError, PythonProcess, RuntimeLayout};
 
 /// Converts one offset to the wire width; `what` names it in the error.
@@ -38,12 +38,29 @@ fn opt(what: &'static str, v: Option<u64>) -> Result<u32, PyError> {
 }
 
 /// The offsets of `layout` as the kernel walk wants them (namespace fields zero,
-/// `task_fsbase` unknown).
+/// `task_fsbase` unknown). `code_type` is `&PyCode_Type` in the target (0: unknown, the
+/// kernel then checks no frame's code object type).
 pub fn offsets_from_layout(
     layout: &RuntimeLayout,
     runtime_addr: u64,
+    code_type: u64,
 ) -> Result<PyProcInfo, PyError> {
-    let (t, f, g) = (&layout.tstate, &layout.frame, &layout.gil);
+    let (t, f, g, c) = (&layout.tstate, &layout.frame, &layout.gil, &layout.code);
+    let code_name = c.qualname.unwrap_or(c.name);
+    let code_read_bytes = [
+        layout.object.ob_type + 8,
+        code_name + 8,
+        c.filename + 8,
+        c.firstlineno + 4,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
+    .next_multiple_of(8);
+    let shim_owner = match f.entry {
+        EntryRule::OwnerAtLeast(owner) => u32::from(owner),
+        EntryRule::EveryFrame | EntryRule::EntryFlag => PY_NO_OFFSET,
+    };
     let (runtime_gil, ceval_gil, embedded) = match g.at {
         GilAt::Runtime { offset } => (Some(offset), None, None),
         GilAt::Interpreter {
@@ -82,6 +99,17 @@ pub fn offsets_from_layout(
         gil_holder: off("gil.last_holder", g.last_holder)?,
         gil_enabled: opt("gil.enabled", g.enabled)?,
         gil_size: off("gil (bytes)", g.size())?,
+        code_type,
+        executable_tag_mask: off("interpreter_frame (tag mask)", f.stackref_tag_mask)?,
+        code_ob_type: off("object.ob_type", layout.object.ob_type)?,
+        code_name: off("code_object.qualname", code_name)?,
+        code_filename: off("code_object.filename", c.filename)?,
+        code_firstlineno: off("code_object.firstlineno", c.firstlineno)?,
+        code_read_bytes: off("code_object (bytes read)", code_read_bytes)?,
+        owner_max: f.owner_max.map_or(PY_NO_OFFSET, u32::from),
+        shim_owner,
+        frame_globals: off("interpreter_frame.f_globals", f.globals)?,
+        frame_locals: off("interpreter_frame.f_locals", f.locals)?,
     })
 }
 
@@ -105,7 +133,11 @@ pub fn pid_namespace(pid: u32) -> Result<(u64, u64), PyError> {
 /// kernel, not of the process, and the owner of `PY_PROCS` fills it in
 /// (`collect::PythonProcMap::insert`).
 pub fn kernel_info(p: &PythonProcess) -> Result<PyProcInfo, PyError> {
-    let mut wire = offsets_from_layout(p.layout(), p.detected().runtime_addr)?;
+    let mut wire = offsets_from_layout(
+        p.layout(),
+        p.detected().runtime_addr,
+        p.detected().pycode_type_addr.unwrap_or(0),
+    )?;
     (wire.pidns_dev, wire.pidns_ino) = pid_namespace(p.pid())?;
     Ok(wire)
 }

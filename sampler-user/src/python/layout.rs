@@ -192,6 +192,11 @@ pub struct FrameOffsets {
     /// `_PyStackRef` tag bits of `f_executable` (3.14+: `Py_TAG_BITS` == 3; 0 before).
     pub stackref_tag_mask: u64,
     pub entry: EntryRule,
+    /// The largest valid `owner` (None: frames have no owner).
+    pub owner_max: Option<u8>,
+    /// `f_globals`, `f_locals` (`PyObject *`).
+    pub globals: u64,
+    pub locals: u64,
     /// ≤ 3.10: a frame is a `PyFrameObject`, whose `ob_type` must be `PyFrame_Type`.
     pub is_object: bool,
 }
@@ -211,6 +216,8 @@ impl FrameOffsets {
             self.owner.map_or(0, |o| o + 1),
             self.is_entry.map_or(0, |o| o + 1),
             self.tlbc_index.map_or(0, |o| o + 4),
+            self.globals + 8,
+            self.locals + 8,
         ];
         ends.into_iter().max().unwrap_or(0).next_multiple_of(8)
     }
@@ -660,6 +667,9 @@ impl RuntimeLayout {
                 },
                 stackref_tag_mask: facts.stackref_tag_mask,
                 entry: facts.entry,
+                owner_max: facts.owner_max,
+                globals: facts.frame_namespaces.0,
+                locals: facts.frame_namespaces.1,
                 is_object: facts.frame_is_object,
             },
             code: CodeOffsets {

@@ -36,6 +36,7 @@ pub mod objects;
 mod printable_table;
 pub mod repr;
 pub mod snapshot;
+pub mod syspath;
 mod tables;
 pub mod threadnames;
 pub mod unicode;
@@ -346,14 +347,24 @@ impl PythonProcess {
         self.limits
     }
 
-    /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
-    pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
+    /// The absolute entries of the main interpreter's `sys.path` (see [`syspath::sys_path`]).
+    pub fn sys_path(&mut self) -> Result<Vec<String>, PyError> {
         self.mem.refresh();
+        let interp = self.main_interp()?;
         let ctx = Ctx {
             mem: &*self.mem,
             layout: &self.layout,
             target: &self.target,
         };
+        syspath::sys_path(ctx, interp).map_err(|e| PyError::Invalid {
+            what: "sys.path",
+            addr: interp,
+            detail: e.to_string(),
+        })
+    }
+
+    /// The main interpreter: the last of the list (bounded walk).
+    fn main_interp(&self) -> Result<u64, PyError> {
         let to_py = |e| PyError::from_mem(self.pid, e);
         let l = &self.layout;
         let mut interp = self
@@ -364,7 +375,6 @@ impl PythonProcess {
                     .wrapping_add(l.runtime.interpreters_head),
             )
             .map_err(to_py)?;
-        // The main interpreter is the last of the list (bounded walk).
         for _ in 0..self.limits.max_interpreters {
             match self
                 .mem
@@ -375,6 +385,18 @@ impl PythonProcess {
                 next => interp = next,
             }
         }
+        Ok(interp)
+    }
+
+    /// Whether the main interpreter runs with a GIL (free-threaded builds can run without).
+    pub fn gil_enabled(&mut self) -> Result<bool, PyError> {
+        self.mem.refresh();
+        let interp = self.main_interp()?;
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
         Ok(!matches!(
             read_interp_gil(ctx, interp),
             Ok(InterpGil::Disabled)
@@ -425,6 +447,38 @@ impl PythonProcess {
         Ok(threads)
     }
 
+    /// `threading` names of the threads that have one, by native thread id (in the target's
+    /// pid namespace): thread lists and `threading._active` only, no frames (see
+    /// [`walker::thread_ids`]). Best effort: an interpreter whose names cannot be read (they
+    /// change while threads start and end) gives none; nothing is counted.
+    pub fn thread_names(&mut self) -> Result<HashMap<u64, String>, PyError> {
+        self.mem.refresh();
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        let limits = self.limits;
+        let mut out = HashMap::new();
+        for (interp, ids) in walker::thread_ids(ctx, self.detected.runtime_addr, limits)? {
+            let mut names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
+            for _ in 0..2 {
+                if names.is_ok() {
+                    break;
+                }
+                ctx.mem.refresh();
+                names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
+            }
+            let Ok(names) = names else { continue };
+            for (native, thread_id) in ids {
+                if let Some(n) = names.get(&thread_id) {
+                    out.entry(native).or_insert_with(|| n.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// One thread's frames (and locals, if the limits ask), read afresh from its thread state
     /// (e.g. while `dump --native` holds the thread stopped).
     pub fn thread_frames(&mut self, tstate: u64) -> Result<walker::WalkedFrames, PyError> {
@@ -458,6 +512,43 @@ impl PythonProcess {
             code_addr,
             instr_ptr,
             tlbc_index,
+        ) {
+            Ok(r) => Ok(r.frame),
+            Err(e) => {
+                self.counts.add(e.kind());
+                Err(match e {
+                    code::CodeError::Memory(m) => PyError::from_mem(self.pid, m),
+                    other => PyError::Invalid {
+                        what: "code object",
+                        addr: code_addr,
+                        detail: other.to_string(),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Resolves a frame the kernel captured with its code object's identity `id` (see
+    /// [`code::resolve_sampled`]: a code object freed since the sample is named from it).
+    pub fn resolve_sampled_frame(
+        &mut self,
+        code_addr: u64,
+        instr_ptr: u64,
+        tlbc_index: i32,
+        id: code::CodeIdentity,
+    ) -> Result<PyFrame, PyError> {
+        self.mem.refresh();
+        let ctx = Ctx {
+            mem: &*self.mem,
+            layout: &self.layout,
+            target: &self.target,
+        };
+        match code::resolve_sampled(
+            ctx,
+            &mut self.codes,
+            &mut self.counts,
+            (code_addr, instr_ptr, tlbc_index),
+            id,
         ) {
             Ok(r) => Ok(r.frame),
             Err(e) => {
@@ -517,7 +608,13 @@ pub fn assemble<S: std::hash::BuildHasher>(
                 host_tid,
                 python_thread_id: t.thread_id,
                 name,
-                gil: thread_gil(gil, t.tstate, t.holds_gil),
+                // A thread state no thread has bound yet (`thread_id` 0: a thread being
+                // started) has never held the GIL: `last_holder` naming it is a freed thread
+                // state whose memory the new one reuses (thread-per-request servers).
+                gil: match thread_gil(gil, t.tstate, t.holds_gil) {
+                    GilState::Holds if t.thread_id == 0 => GilState::DoesNotHold,
+                    g => g,
+                },
                 frames: t.frames.clone(),
                 items: t.items.clone(),
                 locals: t.locals.clone(),

@@ -79,7 +79,7 @@ fn keys_items(
 }
 
 /// Items of the dict object at `dict`.
-fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, NameError> {
+pub(crate) fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, NameError> {
     let max = max.min(MAX_DICT_ENTRIES);
     let e = dict_entries(ctx, dict, usize::MAX, max)?;
     if e.nentries > max {
@@ -91,7 +91,11 @@ fn dict_items(ctx: Ctx<'_>, dict: u64, max: u64) -> Result<Vec<(u64, u64)>, Name
     Ok(e.items)
 }
 
-fn find_str_key(ctx: Ctx<'_>, items: &[(u64, u64)], name: &'static str) -> Result<u64, NameError> {
+pub(crate) fn find_str_key(
+    ctx: Ctx<'_>,
+    items: &[(u64, u64)],
+    name: &'static str,
+) -> Result<u64, NameError> {
     for &(k, v) in items {
         // A non-str key (or an unreadable one) simply does not match.
         if read_str_typed(ctx, k, name.len() + 1).is_ok_and(|s| s == name) {

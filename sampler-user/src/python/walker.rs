@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 
 use super::PyFrame;
-use super::code::{CodeCache, Ctx, resolve};
+use super::code::{CodeCache, CodeError, Ctx, resolve};
 use super::errors::{ErrorCounts, ErrorKind, PyError};
 use super::layout::{EntryRule, HoldsGil};
 use super::locals::{Local, frame_locals};
@@ -140,6 +140,58 @@ pub fn walk(
             threads,
         });
         interp = word(l.interp.next).map_err(to_py)?;
+    }
+    Ok(out)
+}
+
+/// An interpreter and the `(native_thread_id, thread_id)` of each of its thread states.
+pub type InterpThreadIds = (u64, Vec<(u64, u64)>);
+
+/// Every interpreter's thread list without frames: (interpreter, `(native_thread_id,
+/// thread_id)` per thread state). What thread names need: much less to read than [`walk`],
+/// and no frame of a thread that ends meanwhile is read (its failures would say nothing about
+/// any sample). A list that keeps changing gives its validated prefix; nothing is counted.
+pub fn thread_ids(
+    ctx: Ctx<'_>,
+    runtime: u64,
+    limits: Limits,
+) -> Result<Vec<InterpThreadIds>, PyError> {
+    let (mem, l, pid) = (ctx.mem, ctx.layout, ctx.target.pid);
+    let to_py = |e| PyError::from_mem(pid, e);
+    let mut counts = ErrorCounts::default();
+    let mut interp = mem
+        .read_u64(runtime.wrapping_add(l.runtime.interpreters_head))
+        .map_err(to_py)?;
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    while interp != 0 && out.len() < limits.max_interpreters && seen.insert(interp) {
+        let mut list = Vec::new();
+        for attempt in 0..THREAD_LIST_ATTEMPTS {
+            if attempt > 0 {
+                mem.refresh();
+            }
+            let (read, consistent) = read_thread_list(ctx, interp, &mut counts, limits)?;
+            list = read;
+            if consistent {
+                break;
+            }
+        }
+        let t = &l.tstate;
+        let ids = list
+            .iter()
+            .map(|c| {
+                let thread_id = field_u64(&c.buf, t.thread_id).unwrap_or(0);
+                let native = match t.native_thread_id {
+                    Some(off) => field_u64(&c.buf, off).unwrap_or(0),
+                    None => pthread_tid(ctx, thread_id).unwrap_or(0),
+                };
+                (native, thread_id)
+            })
+            .collect();
+        out.push((interp, ids));
+        interp = mem
+            .read_u64(interp.wrapping_add(l.interp.next))
+            .map_err(to_py)?;
     }
     Ok(out)
 }
@@ -395,6 +447,13 @@ pub fn walk_frames_with(
         }
         let previous = field_u64(&buf, f.previous).unwrap_or(0);
         let owner = f.owner.map_or(Some(0), |o| field_u8(&buf, o));
+        // An owner CPython never uses: this memory is no frame (a chain read while it changed,
+        // docs/cpython-layouts.md §3.5); what was read above it stays.
+        if owner.zip(f.owner_max).is_some_and(|(o, max)| o > max) {
+            counts.add(ErrorKind::NotAFrame);
+            out.truncated = true;
+            return Ok(out);
+        }
         if owner.is_some_and(|o| !f.is_shim_owner(o)) {
             let exec = field_u64(&buf, f.executable).unwrap_or(0);
             let instr = field_u64(&buf, f.instr_ptr).unwrap_or(0);
@@ -421,6 +480,12 @@ pub fn walk_frames_with(
                         }
                         out.items.push(ChainItem::Frame(out.frames.len() as u32));
                         out.frames.push(r.frame);
+                    }
+                    // Not a code object: this memory is no frame either (as above).
+                    Err(e @ CodeError::NotCode { .. }) => {
+                        counts.add(e.kind());
+                        out.truncated = true;
+                        return Ok(out);
                     }
                     Err(e) => counts.add(e.kind()),
                 },

@@ -348,10 +348,15 @@ fn loops_bad_executables_and_unreadable_frames_are_counted() {
             (2, true, 1),
             "{flavor:?}"
         );
+        // A frame whose executable is no code object is no frame: the walk stops there.
         let (frames, truncated) =
             walk_frames(ctx, wrong, &mut CodeCache::default(), &mut counts, 100).unwrap();
         assert!(frames.is_empty() && truncated);
         assert_eq!(counts.get(ErrorKind::NotCode), 1);
+        assert_eq!(counts.get(ErrorKind::BadExecutable), 0);
+        let (frames, truncated) =
+            walk_frames(ctx, bad, &mut CodeCache::default(), &mut counts, 100).unwrap();
+        assert!(frames.is_empty() && truncated);
         assert_eq!(counts.get(ErrorKind::BadExecutable), 1);
         assert_eq!(counts.get(ErrorKind::MemoryRead), 1);
     }

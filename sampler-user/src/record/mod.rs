@@ -173,10 +173,11 @@ pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordE
     let ended = session.finish();
     progress.finish();
     let Ended {
-        profile,
+        mut profile,
         timeline,
         summary,
     } = ended?;
+    profile.file_names = cfg.file_names;
     let mut stderr = std::io::stderr().lock();
     let _ = summary.print(&mut stderr);
     let streams = streams.unwrap_or_else(|| open_streams(cfg, &profile));

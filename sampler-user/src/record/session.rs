@@ -437,6 +437,7 @@ fn summarize(
         })
         .collect();
     summary.python_overflow = done.python.overflow.take();
+    summary.skipped = std::mem::take(&mut done.python.skipped);
     summary.program.clone_from(&finished.program);
     if cfg.idle {
         let c = &finished.counters;

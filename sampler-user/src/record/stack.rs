@@ -191,7 +191,12 @@ impl StackBuilder {
             self.native_scratch = native;
         } else if let Some(py) = s.py {
             if py.truncated {
-                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, "[truncated]")));
+                let marker = if py.invalid {
+                    super::python::INVALID_PY_FRAME
+                } else {
+                    "[truncated]"
+                };
+                stack.push(profile.intern_frame(Frame::new(FrameKind::Marker, marker)));
             }
             merge::python_only(&py.items, &mut stack);
         }

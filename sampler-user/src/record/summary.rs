@@ -17,6 +17,8 @@ use super::python::PyProcStats;
 
 /// Most Python processes listed one per line; the rest are summed in one line.
 const MAX_PROC_LINES: usize = 50;
+/// Most skipped processes listed one per line; the rest are counted in one line.
+const MAX_SKIPPED_LINES: usize = 50;
 
 /// One Python process in the summary.
 #[derive(Clone, Debug)]
@@ -52,6 +54,8 @@ pub struct RecordSummary {
     pub python: Vec<PyProcLine>,
     /// Python processes beyond the per-process bound of the stage, summed.
     pub python_overflow: Option<PyProcStats>,
+    /// Processes that looked like Python but could not be profiled.
+    pub skipped: Vec<super::python::Skipped>,
     /// The eBPF sampling program's statistics.
     pub program: Option<ProgramStats>,
     /// `--idle`: the off-CPU counts and program.
@@ -93,6 +97,7 @@ impl RecordSummary {
             cpus: p.meta.cpus,
             python: Vec::new(),
             python_overflow: None,
+            skipped: Vec::new(),
             program: None,
             offcpu: None,
             user_cost: None,
@@ -152,6 +157,22 @@ impl RecordSummary {
                 w,
                 "pyebpf: python (other processes) {}",
                 proc_line(None, &rest, rest_mismatches)
+            )?;
+        }
+        for s in self.skipped.iter().take(MAX_SKIPPED_LINES) {
+            writeln!(
+                w,
+                "pyebpf: skipped {} ({}): {}",
+                crate::printable::printable(&s.comm),
+                s.pid,
+                crate::printable::printable(&s.reason)
+            )?;
+        }
+        if self.skipped.len() > MAX_SKIPPED_LINES {
+            writeln!(
+                w,
+                "pyebpf: skipped {} more processes",
+                self.skipped.len() - MAX_SKIPPED_LINES
             )?;
         }
         if let Some(p) = &self.program {
@@ -339,6 +360,7 @@ mod tests {
             cpus: 2,
             python: Vec::new(),
             python_overflow: None,
+            skipped: Vec::new(),
             program: None,
             offcpu: None,
             user_cost: None,
@@ -394,6 +416,11 @@ mod tests {
                 },
             ],
             python_overflow: None,
+            skipped: vec![super::super::python::Skipped {
+                pid: 77,
+                comm: "py\x1b[2Jold".into(),
+                reason: "unsupported CPython 3.7".into(),
+            }],
             offcpu: None,
             program: Some(ProgramStats {
                 variant: "bounded (this kernel lacks bpf_loop (Linux 5.17))".into(),
@@ -413,6 +440,10 @@ mod tests {
         assert!(
             t.contains("pyebpf: the command exited with status 3\n"),
             "{t}"
+        );
+        assert!(
+            t.contains("pyebpf: skipped py?[2Jold (77): unsupported CPython 3.7\n"),
+            "skipped processes are named, printable: {t}"
         );
         let line = t.lines().find(|l| l.contains("(42)")).unwrap();
         for want in [

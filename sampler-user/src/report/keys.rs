@@ -15,10 +15,34 @@
 //!
 //! Process and Thread frames are synthetic (they carry the sample's comm and thread): they give
 //! no frame key. A stack with nothing else has the [`FrameKeys::unknown`] values.
+//!
+//! [`KeyOptions`]: Python files are short (relative to their `sys.path` entry) unless
+//! `--full-filenames`; a native function the symbolizer could not name (`libz.so.1+0x1f3a`,
+//! `[kernel]+0x…`) groups under its module, `[libz.so.1]`, unless `--addresses` asks for one
+//! row per address.
 
 use std::sync::Arc;
 
-use crate::profile::{Frame, FrameKind, GilState, Profile, SampleKey, ThreadState};
+use crate::profile::{FileNames, Frame, FrameKind, GilState, Profile, SampleKey, ThreadState};
+
+/// How frames turn into key values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyOptions {
+    /// Which Python file names.
+    pub file_names: FileNames,
+    /// One row per unnamed native address instead of one per module.
+    pub addresses: bool,
+}
+
+/// `[module]` when `name` is an address the symbolizer could not name (`module+0xHEX`).
+fn unnamed_address(name: &str, module: Option<&str>) -> Option<String> {
+    let (head, hex) = name.rsplit_once("+0x")?;
+    if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let module = module.filter(|m| !m.is_empty()).unwrap_or(head);
+    (head == module || head == "[kernel]").then(|| format!("[{}]", module.trim_matches(['[', ']'])))
+}
 
 /// One `--sort` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,7 +184,7 @@ pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 impl FrameKeys {
     /// The values of a frame (`None` for the synthetic Process and Thread frames, and for
     /// the thread state ending an off-CPU stack: the `state` key shows it).
-    pub fn of(frame: &Frame) -> Option<FrameKeys> {
+    pub fn of(frame: &Frame, opts: KeyOptions) -> Option<FrameKeys> {
         let prefix = match frame.kind {
             FrameKind::Process | FrameKind::Thread | FrameKind::State => return None,
             FrameKind::Kernel => "[k]",
@@ -174,24 +198,35 @@ impl FrameKeys {
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| UNKNOWN_MODULE.into()),
             FrameKind::Python => frame
-                .file
-                .clone()
+                .display_file(opts.file_names)
                 .filter(|f| !f.is_empty())
-                .unwrap_or_else(|| UNKNOWN_MODULE.into()),
+                .unwrap_or(UNKNOWN_MODULE)
+                .into(),
             FrameKind::Marker | FrameKind::Process | FrameKind::Thread | FrameKind::State => {
                 UNKNOWN_MODULE.into()
             }
         };
-        let srcline: Arc<str> = match (&frame.file, frame.line) {
+        let file = match frame.kind {
+            FrameKind::Python => frame.display_file(opts.file_names),
+            _ => frame.file.as_deref(),
+        };
+        let srcline: Arc<str> = match (file, frame.line) {
             (Some(file), Some(line)) if !file.is_empty() => format!("{file}:{line}").into(),
             (Some(file), None) if frame.kind == FrameKind::Python && !file.is_empty() => {
-                file.clone()
+                file.into()
             }
             _ if &*module != UNKNOWN_MODULE => module.clone(),
             _ => "??".into(),
         };
+        let unnamed = match frame.kind {
+            FrameKind::Native | FrameKind::Kernel if !opts.addresses => {
+                unnamed_address(&frame.name, frame.module.as_deref())
+            }
+            _ => None,
+        };
+        let name = unnamed.as_deref().unwrap_or(&frame.name);
         Some(FrameKeys {
-            function: format!("{prefix} {}", frame.name).into(),
+            function: format!("{prefix} {name}").into(),
             module,
             srcline,
         })
@@ -224,10 +259,14 @@ pub struct FrameTable {
 
 impl FrameTable {
     /// Computes the values of every frame (nothing when `needed` is false).
-    pub fn new(profile: &Profile, needed: bool) -> FrameTable {
+    pub fn new(profile: &Profile, needed: bool, opts: KeyOptions) -> FrameTable {
         FrameTable {
             keys: if needed {
-                profile.frames().iter().map(FrameKeys::of).collect()
+                profile
+                    .frames()
+                    .iter()
+                    .map(|f| FrameKeys::of(f, opts))
+                    .collect()
             } else {
                 Vec::new()
             },

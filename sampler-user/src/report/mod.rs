@@ -71,6 +71,10 @@ pub struct ReportOptions {
     pub color: bool,
     /// The saved file, as shown in the header (empty: not shown).
     pub source: String,
+    /// `--full-filenames`: whole Python file names in module and srcline keys.
+    pub full_filenames: bool,
+    /// `--addresses`: a row per unnamed native address, not one per module.
+    pub addresses: bool,
 }
 
 /// Writes the report of `profile` as `cfg` (validated from the CLI's [`ReportOptions`] by

@@ -5,8 +5,8 @@
 use std::fmt;
 
 use super::ReportOptions;
-use super::keys::SortKey;
-use crate::profile::{Profile, SampleKey, ThreadState};
+use super::keys::{KeyOptions, SortKey};
+use crate::profile::{FileNames, Profile, SampleKey, ThreadState};
 
 /// Order of the call chains printed under each row (`-g`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +88,8 @@ pub struct Config {
     pub color: bool,
     /// Shown as the source in the header.
     pub source: String,
+    /// `--full-filenames`, `--addresses`.
+    pub key_options: KeyOptions,
 }
 
 /// A usage error of `report`. Displays as one line.
@@ -210,6 +212,14 @@ impl Config {
             style,
             color: o.color && style == Style::Text,
             source: o.source.clone(),
+            key_options: KeyOptions {
+                file_names: if o.full_filenames {
+                    FileNames::Full
+                } else {
+                    FileNames::Short
+                },
+                addresses: o.addresses,
+            },
         })
     }
 

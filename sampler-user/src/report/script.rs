@@ -60,7 +60,7 @@
 use std::io::{self, Write};
 
 use super::meta;
-use crate::profile::{Frame, FrameKind, Profile, Sample};
+use crate::profile::{FileNames, Frame, FrameKind, Profile, Sample};
 
 /// Event name on every header line.
 pub const EVENT: &str = "cpu-clock";
@@ -131,13 +131,15 @@ pub fn module_field(module: &str) -> String {
     if s.is_empty() { UNKNOWN.to_string() } else { s }
 }
 
-/// The (symbol, module) of a frame, or `None` for the synthetic Process and Thread frames.
-pub fn frame_fields(f: &Frame) -> Option<(String, String)> {
+/// The (symbol, module) of a frame, or `None` for the synthetic Process and Thread frames;
+/// Python files as `names` says.
+pub fn frame_fields(f: &Frame, names: FileNames) -> Option<(String, String)> {
     let (symbol, module) = match f.kind {
         FrameKind::Process | FrameKind::Thread => return None,
         FrameKind::Python => {
             let mut s = format!("py::{}", f.name);
-            if let Some(file) = f.file.as_deref() {
+            let file = f.display_file(names);
+            if let Some(file) = file {
                 s.push(':');
                 s.push_str(file);
                 if let Some(line) = f.line {
@@ -145,7 +147,7 @@ pub fn frame_fields(f: &Frame) -> Option<(String, String)> {
                     s.push_str(&line.to_string());
                 }
             }
-            (s, f.file.as_deref().unwrap_or(UNKNOWN).to_string())
+            (s, file.unwrap_or(UNKNOWN).to_string())
         }
         FrameKind::Native => (
             f.name.to_string(),
@@ -228,7 +230,11 @@ pub fn render(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         .ok_or_else(|| io::Error::other("script needs the samples one by one (the timeline)"))?;
     write_header(profile, out)?;
     let period = period_ns(profile.meta.rate_hz);
-    let fields: Vec<Option<(String, String)>> = profile.frames().iter().map(frame_fields).collect();
+    let fields: Vec<Option<(String, String)>> = profile
+        .frames()
+        .iter()
+        .map(|f| frame_fields(f, profile.file_names))
+        .collect();
     for s in samples {
         write_sample(profile, s, period, &fields, out)?;
     }

@@ -231,7 +231,7 @@ fn frame_tuples(
 
 /// Builds the table.
 pub fn build(profile: &Profile, cfg: &Config) -> Table {
-    let frames = FrameTable::new(profile, cfg.has_frame_key());
+    let frames = FrameTable::new(profile, cfg.has_frame_key(), cfg.key_options);
     let (total, groups) = groups(profile, cfg);
     let mut rows: HashMap<Box<[Part]>, (u64, u64)> = HashMap::new();
     let mut scratch = Vec::with_capacity(cfg.keys.len());

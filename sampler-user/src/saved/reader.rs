@@ -22,7 +22,8 @@ use super::{
 };
 use crate::failure::{Failure, Failures};
 use crate::profile::{
-    Frame, FrameId, FrameKind, NameId, Profile, RunMeta, Sample, SampleKey, StackId, ThreadState,
+    FileNames, Frame, FrameId, FrameKind, NameId, Profile, RunMeta, Sample, SampleKey, StackId,
+    ThreadState,
 };
 
 /// Largest chunk body (compressed), and largest decompressed chunk (a one-second batch of
@@ -346,11 +347,12 @@ impl Builder {
             name: self.string(f.name, &what)?,
             module: f.module.map(|m| self.string(m, &what)).transpose()?,
             file: f.file.map(|m| self.string(m, &what)).transpose()?,
+            short_file: f.short_file.map(|m| self.string(m, &what)).transpose()?,
             line: f.line,
         };
         let text = frame.name.len()
             + frame.module.as_ref().map_or(0, |m| m.len())
-            + frame.file.as_ref().map_or(0, |m| m.len())
+            + frame.display_file(FileNames::Full).map_or(0, str::len)
             + 16;
         self.frame_text.push(text as u64);
         self.profile

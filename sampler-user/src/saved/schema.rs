@@ -57,6 +57,7 @@
 //!   optional uint32 module = 3;  // index into strings
 //!   optional uint32 file = 4;    // index into strings
 //!   optional uint32 line = 5;
+//!   optional uint32 short_file = 6;  // index into strings: `file` relative to its sys.path entry
 //! }
 //!
 //! message Stack {
@@ -209,6 +210,9 @@ pub struct Frame {
     /// Line.
     #[prost(uint32, optional, tag = "5")]
     pub line: Option<u32>,
+    /// Short file name (string index).
+    #[prost(uint32, optional, tag = "6")]
+    pub short_file: Option<u32>,
 }
 
 /// One interned stack.

@@ -17,6 +17,11 @@ fn rich_frames() -> Vec<Frame> {
         name: name.into(),
         module: module.map(Into::into),
         file: file.map(Into::into),
+        // Python frames under a `sys.path` entry keep their short name too.
+        short_file: file
+            .filter(|_| kind == FrameKind::Python)
+            .and_then(|f| f.rsplit_once('/'))
+            .map(|(_, base)| base.into()),
         line,
     };
     vec![
@@ -552,6 +557,7 @@ fn deep_batch(depth: usize, n: usize, name_len: usize) -> schema::SavedProfile {
             module: None,
             file: None,
             line: None,
+            short_file: None,
         }],
         stacks: vec![schema::Stack {
             frames: vec![0; depth],

@@ -94,6 +94,11 @@ impl<W: Write> SavedWriter<W> {
                         .map(|m| self.strings.index(m))
                         .transpose()?,
                     line: f.line,
+                    short_file: f
+                        .short_file
+                        .as_deref()
+                        .map(|m| self.strings.index(m))
+                        .transpose()?,
                 })
             })
             .collect::<io::Result<Vec<_>>>()?;

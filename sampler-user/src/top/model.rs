@@ -19,7 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::profile::{Counts, Frame, FrameId, FrameKind, Profile, SampleKey, ThreadState};
+use crate::profile::{
+    Counts, FileNames, Frame, FrameId, FrameKind, Profile, SampleKey, ThreadState,
+};
 
 /// A process that has not been sampled for this long leaves the process view.
 pub const PROC_LINGER: Duration = Duration::from_secs(30);
@@ -38,7 +40,8 @@ impl Label {
     /// from the profiled processes: they must not reach the terminal as escape sequences).
     pub fn of(frame: &Frame) -> Label {
         let location = match frame.kind {
-            FrameKind::Python => match (&frame.file, frame.line) {
+            // Short file names, as py-spy's top shows them.
+            FrameKind::Python => match (frame.display_file(FileNames::Short), frame.line) {
                 (Some(f), Some(l)) => format!("{f}:{l}"),
                 (Some(f), None) => f.to_string(),
                 _ => String::new(),

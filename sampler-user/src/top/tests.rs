@@ -28,6 +28,7 @@ fn py(name: &str, line: u32) -> Frame {
         name: name.into(),
         module: None,
         file: Some("/app/w.py".into()),
+        short_file: None,
         line: Some(line),
     }
 }

@@ -399,7 +399,7 @@ fn keys(v: &Value, expected: &[&str], what: &str) {
     reason = "one flat walk over the contract, field by field"
 )]
 pub fn check_schema(v: &Value, pid: u32) {
-    let mut top = vec!["pid", "python", "threads"];
+    let mut top = vec!["pid", "python", "threads", "threads_ended"];
     if v.get("native").is_some() {
         // `--native`: the pauses.
         top.push("native");
@@ -409,6 +409,16 @@ pub fn check_schema(v: &Value, pid: u32) {
             "native",
         );
     }
+    if v.get("pause").is_some() {
+        // `--pause`: the pauses.
+        top.push("pause");
+        keys(
+            &v["pause"],
+            &["threads_stopped", "pause_us_max", "pause_us_total"],
+            "pause",
+        );
+    }
+    assert!(v["threads_ended"].is_u64(), "threads_ended: {v}");
     keys(v, &top, "top level");
     assert_eq!(
         v["pid"].as_u64(),
@@ -449,6 +459,8 @@ pub fn check_schema(v: &Value, pid: u32) {
             "name",
             "gil",
             "truncated",
+            "torn",
+            "rereads",
             "frames",
         ];
         if t.get("native").is_some() {

@@ -69,7 +69,13 @@ pub struct Installed {
 }
 
 impl Installed {
+    /// `script` is a file of `tests/workloads/py/`, or a path under `tests/workloads/`
+    /// (`realworld/sympy_loop.py`).
     pub fn new(interp: &Interpreter, script: &str) -> Installed {
+        let (rel, script) = match script.rsplit_once('/') {
+            Some((_, name)) => (script.to_string(), name),
+            None => (format!("py/{script}"), script),
+        };
         let stem = Path::new(script).file_stem().unwrap().to_str().unwrap();
         let inner_dir = format!(
             "/tmp/pyebpf-e2e/{}",
@@ -79,7 +85,7 @@ impl Installed {
         let _ = std::fs::remove_dir_all(&host_dir);
         std::fs::create_dir_all(&host_dir)
             .unwrap_or_else(|e| panic!("mkdir {}: {e}", host_dir.display()));
-        let source = std::fs::read_to_string(workload(&format!("py/{script}"))).unwrap();
+        let source = std::fs::read_to_string(workload(&rel)).unwrap();
         std::fs::write(host_dir.join(script), &source).unwrap();
         std::fs::copy(workload("py/harness.py"), host_dir.join("harness.py")).unwrap();
         Installed {
@@ -505,9 +511,10 @@ pub fn record_for_cpu(
     }
 }
 
-/// The `record` command (not started).
+/// The `record` command (not started), with whole file names: these tests compare stacks with
+/// `dump`'s, which shows them whole (`pyrecord::views` checks the short default).
 pub fn record_command(args: &[&str], out: &Path, env: &[(&str, &str)]) -> Command {
-    let mut cmd = pyebpf(&["record"]);
+    let mut cmd = pyebpf(&["record", "--full-filenames"]);
     // `-o` first: `args` may end with `-- COMMAND …`.
     cmd.arg("-o").arg(out).args(args).envs(env.iter().copied());
     cmd

@@ -14,6 +14,7 @@
 //! | `startup.rs`  | 5. start-up latency and peak RSS                                      |
 //! | `versions.rs` | 6. the eBPF program's cost per sample by CPython version (3.8–3.15)   |
 //! | `offcpu.rs`   | 8. `--idle` on a switch-heavy target beside `py-spy --idle`           |
+//! | `realworld.rs`| 9. third-party programs (sympy, docutils) on 3.12–3.14 beside py-spy |
 //! | `folded.rs`, `stats.rs`, `report.rs`, `sys.rs` | parsing, medians, Markdown, syscalls |
 //!
 //! Figures that need work still in progress (Python frames in pyebpf's output) print
@@ -25,6 +26,7 @@ mod pipeline;
 mod proc;
 mod profilers;
 mod rates;
+mod realworld;
 mod report;
 mod slowdown;
 mod startup;
@@ -270,6 +272,9 @@ fn figures(ctx: &Ctx, opts: &Options, t: &mut Timings) -> Result<Vec<report::Tab
     }
     if wanted(8) {
         tables.push(t.phase("8. off-CPU (--idle)", || Ok(offcpu::measure(ctx)))?);
+    }
+    if wanted(9) {
+        tables.extend(t.phase("9. third-party programs", || Ok(realworld::measure(ctx)))?);
     }
     Ok(tables)
 }

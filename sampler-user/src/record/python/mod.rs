@@ -20,6 +20,7 @@ mod process;
 #[cfg(test)]
 mod process_tests;
 mod tracker;
+pub use tracker::Skipped;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use crate::lru::FastMap;
 use crate::profile::{GilState, Profile};
 use crate::python::Detected;
 
-pub use process::{CAPTURE_WARMUP, PyProc, PyProcStats, PyStack, SeedStack};
+pub use process::{CAPTURE_WARMUP, INVALID_PY_FRAME, PyProc, PyProcStats, PyStack, SeedStack};
 pub use tracker::Tracker;
 
 /// A sample's Python part, resolved.
@@ -63,6 +64,8 @@ pub struct StageReport {
     pub overflow: Option<PyProcStats>,
     /// Attach failures and stage-level failures.
     pub failures: Failures,
+    /// The processes whose attach failed (not Python aside), by pid.
+    pub skipped: Vec<tracker::Skipped>,
 }
 
 /// The Python stage.
@@ -243,11 +246,13 @@ impl PythonStage {
         for (k, n) in &self.tracker.attach_errors {
             failures.add(Failure::Attach(*k), *n);
         }
+        let skipped = self.tracker.skipped();
         let (procs, overflow) = self.tracker.finish();
         StageReport {
             procs,
             overflow,
             failures,
+            skipped,
         }
     }
 }

@@ -8,27 +8,33 @@
 //! [`Profile`]'s), entry frames kept as merge delimiters, the `__init__` shim dropped,
 //! unresolvable frames as `[unknown python frame]`.
 //! Constraints: resolution happens when the sample arrives (milliseconds after it was taken),
-//! so a process that exits later keeps its names; every failure is counted by kind in
-//! [`PyProcStats`]; caches are bounded ([`Lru`]).
+//! so a process that exits later keeps its names, and a code object freed meanwhile is
+//! recognised by the identity the kernel recorded (never named after what lives at its
+//! address now); every failure is counted by kind in [`PyProcStats`], once per sample (a
+//! sample with three unreadable frames is one `memory_read`); caches are bounded ([`Lru`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sampler_common::py_flags;
+use sampler_common::{PyFrameRecord, py_flags};
 
 use crate::collect::PyCaptured;
 use crate::failure::PyFailure;
 use crate::lru::{FastMap, Lru};
 use crate::merge::PyItem;
 use crate::profile::{Frame, FrameId, FrameKind, Profile};
+use crate::python::code::CodeIdentity;
 use crate::python::layout::EntryRule;
+use crate::python::syspath::ShortNames;
 use crate::python::walker::{ChainItem, code_from_executable};
 use crate::python::{ErrorCounts, ErrorKind, PyFrame, PythonProcess};
 
 /// Label of a captured frame that could not be resolved.
 pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
-/// Most cached (executable, instr_ptr, tlbc_index) keys per process.
+/// The marker below the frames of a sample whose walk stopped at an invalid frame.
+pub const INVALID_PY_FRAME: &str = "[truncated: invalid python frame]";
+/// Most cached (executable, instr_ptr, tlbc_index, code identity) keys per process.
 const MAX_FRAME_KEYS: usize = 1 << 16;
 /// Most cached thread names per process.
 const MAX_THREAD_NAMES: usize = 4096;
@@ -39,14 +45,23 @@ pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
 const THREADS_EVERY: Duration = Duration::from_millis(100);
 /// Lookups of a Python thread's `threading` name before its OS name is final.
 const NAME_TRIES: u8 = 4;
+/// Least time between two reads when a Python thread without a known name shows up: a
+/// thread-per-request server's threads live for one request.
+const UNKNOWN_THREAD_EVERY: Duration = Duration::from_millis(5);
+/// How often `sys.path` is read again (a program may change it; until the first read works,
+/// file names are not shortened).
+const SYS_PATH_EVERY: Duration = Duration::from_secs(5);
 
 /// The Python part of one sample, for the stack builder.
 #[derive(Clone, Debug, Default)]
 pub struct PyStack {
     /// Innermost first; entry frames as [`PyItem::Entry`].
     pub items: Vec<PyItem<FrameId>>,
-    /// The capture stopped at the frame cap or at a read error: outer frames are missing.
+    /// The capture stopped at the frame cap, at a read error or at an invalid frame: outer
+    /// frames are missing.
     pub truncated: bool,
+    /// It stopped at an invalid frame (see `py_flags::INVALID_FRAME`).
+    pub invalid: bool,
 }
 
 /// Counts of one Python process, for the summary.
@@ -70,7 +85,7 @@ pub struct PyProcStats {
     pub gil_dropped: u64,
     /// Excluded from a `--gil` run (free-threaded, GIL disabled).
     pub gil_excluded: bool,
-    /// Failures by kind.
+    /// Samples with a failure, by kind (a sample counts once per kind).
     pub errors: BTreeMap<PyFailure, u64>,
 }
 
@@ -83,9 +98,8 @@ impl PyProcStats {
     /// Adds what the reader counted between `before` and `after`.
     fn count_reader(&mut self, before: &ErrorCounts, after: &ErrorCounts) {
         for k in ErrorKind::ALL {
-            let n = after.get(k).saturating_sub(before.get(k));
-            if n > 0 {
-                *self.errors.entry(PyFailure::Reader(k)).or_default() += n;
+            if after.get(k) > before.get(k) {
+                *self.errors.entry(PyFailure::Reader(k)).or_default() += 1;
             }
         }
     }
@@ -132,13 +146,28 @@ pub struct PyProc {
     /// 3.15+: every chain ends in the thread state's embedded base frame (owner 3, not an
     /// eval-loop activation).
     has_base_frame: bool,
-    frames: Lru<(u64, u64, i32), Option<FrameId>>,
+    /// (executable, instr_ptr, tlbc_index, code identity) → frame (`None`: the shim).
+    frames: Lru<(u64, u64, i32, CodeIdentity), Option<FrameId>>,
     /// `--idle`: threads seeded off a CPU (host tid → stack), until their first interval.
     pub seeds: FastMap<u32, SeedStack>,
     thread_names: Lru<u32, Arc<str>>,
     /// Threads named by their OS name while they ran Python: looked up again (tries so far).
     provisional: Lru<u32, u8>,
     threads_read_at: Option<Instant>,
+    /// The short-name rule (from `sys.path`) and when it was read.
+    short_names: Option<(ShortNames, Instant)>,
+    sys_path_tried_at: Option<Instant>,
+    /// Whether the target shares our pid namespace (known after the first name lookup).
+    own_pidns: Option<bool>,
+}
+
+/// Why a captured frame could not be resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// `f_executable` was NULL or a tagged non-pointer.
+    BadExecutable,
+    /// The reader failed (and counted why).
+    Unresolved,
 }
 
 /// `_Py_InitCleanup`, the `__init__` shim of 3.13+ (docs/cpython-layouts.md §3.4): dropped.
@@ -146,9 +175,10 @@ fn is_init_shim(f: &PyFrame) -> bool {
     f.first_line == 0 && f.line == -1 && f.function == "__init__" && f.file == "__init__"
 }
 
-fn python_frame(f: PyFrame) -> Frame {
+fn python_frame(f: PyFrame, short_file: Option<String>) -> Frame {
     let mut frame = Frame::new(FrameKind::Python, f.function);
     frame.file = Some(f.file.into());
+    frame.short_file = short_file.map(Into::into);
     frame.line = u32::try_from(f.line).ok();
     frame
 }
@@ -176,15 +206,40 @@ impl PyProc {
             thread_names: Lru::new(MAX_THREAD_NAMES),
             provisional: Lru::new(MAX_THREAD_NAMES),
             threads_read_at: None,
+            short_names: None,
+            sys_path_tried_at: None,
+            own_pidns: None,
         }
+    }
+
+    /// The short form of `file` (see `python::syspath`), reading `sys.path` when it is due.
+    fn short_file(&mut self, file: &str) -> Option<String> {
+        let now = Instant::now();
+        let stale = self
+            .short_names
+            .as_ref()
+            .is_none_or(|(_, at)| now.duration_since(*at) >= SYS_PATH_EVERY);
+        let due = self
+            .sys_path_tried_at
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
+        if stale && due {
+            self.sys_path_tried_at = Some(now);
+            if let Ok(path) = self.process.sys_path() {
+                let root = format!("/proc/{}/root", self.process.pid()).into();
+                self.short_names = Some((ShortNames::new(&path, Some(root)), now));
+            }
+        }
+        self.short_names.as_mut()?.0.short(file)
     }
 
     /// Resolves one captured stack, its frames interned in `profile`.
     pub fn resolve(&mut self, cap: &PyCaptured, profile: &mut Profile) -> PyStack {
         self.stats.samples += 1;
+        let invalid = cap.flags & py_flags::INVALID_FRAME != 0;
         let mut out = PyStack {
             items: Vec::with_capacity(cap.frames.len()),
-            truncated: cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
+            truncated: invalid || cap.flags & (py_flags::TRUNCATED | py_flags::READ_ERROR) != 0,
+            invalid,
         };
         if cap.flags & py_flags::NO_TSTATE != 0 {
             self.stats.no_tstate += 1;
@@ -200,17 +255,23 @@ impl PyProc {
         if cap.flags & py_flags::READ_ERROR != 0 {
             self.stats.count(PyFailure::KernelReadError);
         }
-        let mut unknown = false;
+        if invalid {
+            self.stats.count(PyFailure::InvalidFrame);
+        }
+        // Reader failures are counted once per sample and kind, after the walk.
+        let before = self.process.error_counts().clone();
+        let (mut unknown, mut bad_executable) = (false, false);
         for rec in &cap.frames {
             if matches!(self.entry, EntryRule::OwnerAtLeast(n) if rec.owner >= n) {
                 out.items.push(PyItem::Entry);
                 continue;
             }
-            match self.frame(rec.executable, rec.instr_ptr, rec.tlbc_index, profile) {
+            match self.frame(rec, profile) {
                 Ok(Some(i)) => out.items.push(PyItem::Frame(i)),
                 Ok(None) => {} // the `__init__` shim
-                Err(()) => {
+                Err(failure) => {
                     unknown = true;
+                    bad_executable |= failure == Failure::BadExecutable;
                     out.items.push(PyItem::Frame(
                         profile.intern_frame(Frame::new(FrameKind::Python, UNKNOWN_PY_FRAME)),
                     ));
@@ -226,6 +287,12 @@ impl PyProc {
             if ends {
                 out.items.push(PyItem::Entry);
             }
+        }
+        self.stats
+            .count_reader(&before, self.process.error_counts());
+        if bad_executable {
+            self.stats
+                .count(PyFailure::Reader(ErrorKind::BadExecutable));
         }
         // 3.15: a complete chain ends in the base frame right after the outermost entry frame;
         // it belongs to no activation.
@@ -254,14 +321,17 @@ impl PyProc {
         let mut out = PyStack {
             items: Vec::with_capacity(seed.items.len()),
             truncated: seed.truncated,
+            invalid: false,
         };
         for item in &seed.items {
             match item {
                 ChainItem::Entry => out.items.push(PyItem::Entry),
                 ChainItem::Frame(i) => {
                     if let Some(f) = seed.frames.get(*i as usize).filter(|f| !is_init_shim(f)) {
-                        out.items
-                            .push(PyItem::Frame(profile.intern_frame(python_frame(f.clone()))));
+                        let short = self.short_file(&f.file);
+                        out.items.push(PyItem::Frame(
+                            profile.intern_frame(python_frame(f.clone(), short)),
+                        ));
                     }
                 }
             }
@@ -274,58 +344,82 @@ impl PyProc {
         Some(out)
     }
 
-    /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable.
+    /// The frame of one captured record: `Ok(None)` for the shim, `Err` when unresolvable
+    /// (the reader counted why, unless it is [`Failure::BadExecutable`]).
     fn frame(
         &mut self,
-        executable: u64,
-        instr_ptr: u64,
-        tlbc_index: i32,
+        rec: &PyFrameRecord,
         profile: &mut Profile,
-    ) -> Result<Option<FrameId>, ()> {
-        let key = (executable, instr_ptr, tlbc_index);
+    ) -> Result<Option<FrameId>, Failure> {
+        let id = CodeIdentity {
+            name: rec.name,
+            filename: rec.filename,
+            first_line: rec.first_line,
+            globals: rec.globals,
+        };
+        let key = (rec.executable, rec.instr_ptr, rec.tlbc_index, id);
         if let Some(hit) = self.frames.get(&key) {
             return Ok(*hit);
         }
-        let Some(code) = code_from_executable(executable, self.tag_mask) else {
-            self.stats
-                .count(PyFailure::Reader(ErrorKind::BadExecutable));
-            return Err(());
+        let Some(code) = code_from_executable(rec.executable, self.tag_mask) else {
+            return Err(Failure::BadExecutable);
         };
-        let before = self.process.error_counts().clone();
-        let resolved = self.process.resolve_frame(code, instr_ptr, tlbc_index);
-        self.stats
-            .count_reader(&before, self.process.error_counts());
         // Failures are not cached: a code object being created or a racing read may succeed
         // next time, and they are rare.
-        let frame = resolved.map_err(|_| ())?;
-        let value = (!is_init_shim(&frame)).then(|| profile.intern_frame(python_frame(frame)));
+        let frame = self
+            .process
+            .resolve_sampled_frame(code, rec.instr_ptr, rec.tlbc_index, id)
+            .map_err(|e| {
+                tracing::debug!(
+                    "pid {}: frame of code {code:#x} ({id:x?}) unresolved: {e}",
+                    self.process.pid()
+                );
+                Failure::Unresolved
+            })?;
+        let value = if is_init_shim(&frame) {
+            None
+        } else {
+            let short = self.short_file(&frame.file);
+            Some(profile.intern_frame(python_frame(frame, short)))
+        };
         self.frames.insert(key, value);
         Ok(value)
     }
 
     /// The `threading` name of host thread `tid`, else its OS name. `python_thread` says
-    /// whether the sample showed it running Python: then a name not found in `threading` yet
-    /// (a thread that just started) is looked up again a few times.
+    /// whether the sample showed it running Python: then a name not known yet (a thread that
+    /// just started, e.g. one per request) is looked up at once — every [`UNKNOWN_THREAD_EVERY`]
+    /// at most — and again a few times while it only has its OS name. Lookups read thread
+    /// lists and `threading._active` only; their failures (threads come and go while they
+    /// read) are not sample errors and are not counted.
     pub fn thread_name(&mut self, tid: u32, python_thread: bool) -> Option<Arc<str>> {
         let now = Instant::now();
-        let may_read = self
-            .threads_read_at
-            .is_none_or(|t| now.duration_since(t) >= THREADS_EVERY);
+        let since = self.threads_read_at.map(|t| now.duration_since(t));
+        let known = self.thread_names.get(&tid).cloned();
         let provisional = self.provisional.contains(&tid);
-        match self.thread_names.get(&tid) {
-            Some(n) if !provisional || !may_read => return Some(n.clone()),
+        let every = if known.is_none() && python_thread {
+            UNKNOWN_THREAD_EVERY
+        } else {
+            THREADS_EVERY
+        };
+        let may_read = since.is_none_or(|s| s >= every);
+        match known {
+            Some(n) if !provisional || !may_read => return Some(n),
             _ => {}
         }
         if may_read {
             self.threads_read_at = Some(now);
-            let before = self.process.error_counts().clone();
-            let threads = self.process.threads();
-            self.stats
-                .count_reader(&before, self.process.error_counts());
-            for t in threads.unwrap_or_default() {
-                if let (Some(host), Some(name)) = (t.host_tid, t.name) {
-                    self.thread_names.insert(host, name.into());
-                    self.provisional.remove(&host);
+            if let Ok(names) = self.process.thread_names() {
+                let map = self.host_tid_map(!names.is_empty());
+                for (native, name) in names {
+                    let host = u32::try_from(native).ok().and_then(|n| match &map {
+                        None => Some(n),
+                        Some(m) => m.get(&n).copied(),
+                    });
+                    if let Some(h) = host {
+                        self.thread_names.insert(h, name.into());
+                        self.provisional.remove(&h);
+                    }
                 }
             }
             if !self.provisional.contains(&tid)
@@ -343,5 +437,16 @@ impl PyProc {
             self.provisional.insert(tid, tries);
         }
         Some(os)
+    }
+
+    /// Native thread id (the target's pid namespace) → host tid: `None` when they are the
+    /// same (the target shares our pid namespace), else the map from `/proc/PID/task/*/status`
+    /// (read only then, and only when `needed`).
+    fn host_tid_map(&mut self, needed: bool) -> Option<std::collections::HashMap<u32, u32>> {
+        let pid = self.process.pid();
+        let own = *self.own_pidns.get_or_insert_with(|| {
+            crate::python::kernel::pid_namespace(pid).is_ok_and(|ns| ns == (0, 0))
+        });
+        (!own && needed).then(|| crate::python::host_tid_map(pid))
     }
 }

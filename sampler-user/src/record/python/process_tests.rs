@@ -11,6 +11,7 @@ use sampler_common::{PY_NO_OFFSET, PyFrameRecord, PyProcInfo, py_flags};
 
 use super::process::PyProc;
 use crate::collect::PyCaptured;
+use crate::failure::PyFailure;
 use crate::merge::{PyItem, python_groups, python_only};
 use crate::profile::Profile;
 use crate::python::PythonProcess;
@@ -139,13 +140,36 @@ fn capture(mem: &ProcessMemory, info: &PyProcInfo, tid: u64) -> PyCaptured {
     while frame != 0 && frames.len() < 256 {
         let mut owner = [0u8];
         mem.read(at(frame, info.frame_owner), &mut owner).unwrap();
+        let executable = word(frame, info.frame_executable);
+        // The code object's identity, as the kernel records it (none for entry frames).
+        let code = executable & !u64::from(info.executable_tag_mask);
+        let (name, filename, first_line) = if u32::from(owner[0]) >= info.shim_owner {
+            (0, 0, 0)
+        } else {
+            let mut first = [0u8; 4];
+            mem.read(at(code, info.code_firstlineno), &mut first)
+                .unwrap();
+            (
+                word(code, info.code_name),
+                word(code, info.code_filename),
+                u32::from_le_bytes(first) as u16,
+            )
+        };
+        let globals = word(frame, info.frame_globals);
         frames.push(PyFrameRecord {
-            executable: word(frame, info.frame_executable),
+            executable,
             instr_ptr: word(frame, info.frame_instr_ptr),
+            name,
+            filename,
+            globals: if globals == word(frame, info.frame_locals) {
+                globals
+            } else {
+                0
+            },
             tlbc_index: 0,
             owner: owner[0],
             is_entry: 0,
-            _pad: [0; 2],
+            first_line,
         });
         frame = word(frame, info.frame_previous);
     }
@@ -213,16 +237,41 @@ fn captured_frames_resolve_into_two_activations() {
         let again = p.resolve(&cap, &mut profile);
         assert_eq!(again.items, stack.items);
         assert_eq!(profile.frames().len(), frames.len());
-        // An unreadable code object is an unknown frame, counted, never a wrong name.
+        // A code object gone since the sample (unreadable here) is named from the names the
+        // kernel recorded with it, without a line, and counted.
+        let mut freed = cap.clone();
+        freed.frames[0].executable = 0x10;
+        let s = p.resolve(&freed, &mut profile);
+        assert!(
+            matches!(s.items[0], PyItem::Frame(i) if &*profile.frame(i).name == "inner" && profile.frame(i).line.is_none() && i.0 as usize == frames.len()),
+            "{name}"
+        );
+        assert_eq!(
+            p.stats
+                .errors
+                .get(&PyFailure::Reader(crate::python::ErrorKind::CodeFreed)),
+            Some(&1),
+            "{name}"
+        );
+        // Unreadable, and names that are no `str`: an unknown frame, counted, never a wrong
+        // name; three such frames in one sample count once.
         let mut bad = cap.clone();
-        bad.frames[0].executable = 0x10;
+        for f in &mut bad.frames[..3] {
+            (f.executable, f.name, f.filename) = (0x10, 0x20, 0x30);
+        }
         let s = p.resolve(&bad, &mut profile);
         assert!(
-            matches!(s.items[0], PyItem::Frame(i) if &*profile.frame(i).name == "[unknown python frame]" && i.0 as usize == frames.len())
+            matches!(s.items[0], PyItem::Frame(i) if &*profile.frame(i).name == "[unknown python frame]" && i.0 as usize == frames.len() + 1),
+            "{name}"
         );
-        assert!(!p.stats.errors.is_empty(), "{name}: failure counted");
         assert_eq!(
-            p.stats.full, 2,
+            p.stats.errors.values().sum::<u64>(),
+            2,
+            "{name}: {:?}",
+            p.stats.errors
+        );
+        assert_eq!(
+            p.stats.full, 3,
             "{name}: a sample with an unknown frame is not full"
         );
     }

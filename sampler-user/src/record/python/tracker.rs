@@ -101,8 +101,19 @@ pub struct Tracker {
     finished_overflow: PyProcStats,
     /// Attach failures other than "not Python", by kind.
     pub attach_errors: BTreeMap<AttachFailure, u64>,
-    /// The last such failure of each pid, as a line (for `-p` targets; bounded).
-    failures: HashMap<u32, String>,
+    /// The last such failure of each pid: its name then, and why (bounded).
+    failures: HashMap<u32, (String, String)>,
+}
+
+/// A process that looked like Python but could not be profiled, for the summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// Host pid.
+    pub pid: u32,
+    /// Its name when the attach failed.
+    pub comm: String,
+    /// Why, one line (`unsupported CPython 3.7`).
+    pub reason: String,
 }
 
 /// The kind of an attach failure, `None` for a plain "not Python".
@@ -164,8 +175,23 @@ impl Tracker {
     /// Why the attach of these pids failed, for those that are not plainly "not Python".
     pub fn failures(&self, pids: &[u32]) -> Vec<(u32, String)> {
         pids.iter()
-            .filter_map(|p| Some((*p, self.failures.get(p)?.clone())))
+            .filter_map(|p| Some((*p, self.failures.get(p)?.1.clone())))
             .collect()
+    }
+
+    /// Every process whose attach failed for a reason other than "not Python", by pid.
+    pub fn skipped(&self) -> Vec<Skipped> {
+        let mut out: Vec<Skipped> = self
+            .failures
+            .iter()
+            .map(|(pid, (comm, reason))| Skipped {
+                pid: *pid,
+                comm: comm.clone(),
+                reason: reason.clone(),
+            })
+            .collect();
+        out.sort_by_key(|s| s.pid);
+        out
     }
 
     /// Queues an urgent attach of `pid` (a `-p` target).
@@ -242,7 +268,16 @@ impl Tracker {
                 {
                     *self.attach_errors.entry(kind).or_default() += 1;
                     if self.failures.len() < MAX_FINISHED {
-                        self.failures.insert(pid, e.to_string());
+                        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                            .map(|c| c.trim_end().to_string())
+                            .unwrap_or_default();
+                        let reason = match &e {
+                            PyError::ProcessGone { .. } => {
+                                "exited before it could be attached".to_string()
+                            }
+                            e => e.to_string(),
+                        };
+                        self.failures.insert(pid, (comm, reason));
                     }
                 }
                 if matches!(e, PyError::ProcessGone { .. }) {
