@@ -357,13 +357,17 @@ fn top_rate_native_gil_and_kernel_flags() {
         return;
     };
     let spin = w.label("spin", "spin");
-    tmux.wait_screen("spin", FIRST_SCREEN_WITHIN, |s| {
-        s.lines().any(|l| l.contains(&spin))
+    tmux.wait_screen("first screen", FIRST_SCREEN_WITHIN, |s| {
+        s.contains("pyebpf top - ")
     });
-    // Sorted by %Total: the thread's entry (libc's `start_thread`, a native frame) is on top.
+    // Sorted by %Total: `spin` and the thread's entry (libc's `start_thread`, a native frame)
+    // are under every sample of the GIL holder.
     tmux.send("2");
-    let screen = tmux.wait_screen("a native frame", REACT_WITHIN, |s| {
-        s.contains("Functions sorted by %Total") && s.contains("start_thread (")
+    let screen = tmux.wait_screen("spin and a native frame", FIRST_SCREEN_WITHIN, |s| {
+        s.contains("Functions sorted by %Total")
+            && s.lines()
+                .any(|l| l.contains(&spin) || l.contains("spin (rec_gil.py:"))
+            && s.contains("start_thread (")
     });
     assert!(
         screen.contains("(499 Hz x "),
@@ -371,11 +375,11 @@ fn top_rate_native_gil_and_kernel_flags() {
     );
     // A few more redraws: the hashing thread (on a CPU most of the time, GIL released) is not
     // counted under --gil.
-    let hash = w.files.label_prefix("hash_forever");
+    let hash = "hash_forever (";
     for _ in 0..3 {
         std::thread::sleep(Duration::from_secs(1));
         let s = tmux.screen();
-        for row in s.lines().filter(|l| l.contains(&hash)) {
+        for row in s.lines().filter(|l| l.contains(hash)) {
             // %Total (with -n the thread's own time is in the hashing C function).
             let total: f64 = row
                 .split_whitespace()
