@@ -316,8 +316,9 @@ fn top_idle_shows_the_state_column() {
     let Some(tmux) = Tmux::start(&top_command(&["--idle", "-p", &pid])) else {
         return;
     };
-    let sleep = w.label("sleep_part", "sleep");
-    let blocked = w.label("blocked_wait", "blocked");
+    // `top` shows short file names (relative to the script's directory).
+    let sleep = w.short_label("sleep_part", "sleep");
+    let blocked = w.short_label("blocked_wait", "blocked");
     let screen = tmux.wait_screen(
         "the sleeping and blocked functions",
         FIRST_SCREEN_WITHIN,
@@ -356,7 +357,7 @@ fn top_rate_native_gil_and_kernel_flags() {
     let Some(tmux) = Tmux::start(&top_command(&["-p", &pid, "-r", "499", "-n", "--gil"])) else {
         return;
     };
-    let spin = w.label("spin", "spin");
+    let spin = w.short_label("spin", "spin");
     tmux.wait_screen("first screen", FIRST_SCREEN_WITHIN, |s| {
         s.contains("pyebpf top - ")
     });

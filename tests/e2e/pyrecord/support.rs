@@ -109,6 +109,13 @@ impl Installed {
         format!("{function} ({}:{})", self.script, self.line(tag))
     }
 
+    /// [`Installed::label`] with the short file name outputs show by default (relative to
+    /// the script's directory, its `sys.path` entry).
+    pub fn short_label(&self, function: &str, tag: &str) -> String {
+        let base = self.script.rsplit('/').next().unwrap_or(&self.script);
+        format!("{function} ({base}:{})", self.line(tag))
+    }
+
     /// The start of every label of `function` in the script, whatever its line.
     pub fn label_prefix(&self, function: &str) -> String {
         format!("{function} ({}:", self.script)
@@ -273,6 +280,11 @@ impl Workload {
     /// See [`Installed::label`].
     pub fn label(&self, function: &str, tag: &str) -> String {
         self.files.label(function, tag)
+    }
+
+    /// [`Installed::short_label`].
+    pub fn short_label(&self, function: &str, tag: &str) -> String {
+        self.files.short_label(function, tag)
     }
 
     /// Thread `name`'s Python stack as CPython itself saw it when the workload wrote its ready
