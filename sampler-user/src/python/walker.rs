@@ -508,6 +508,16 @@ pub fn walk_frames_with(
         }
         addr = previous;
     }
+    // 3.12+: every eval-loop activation's frames sit on its entry frame, so a chain that ends
+    // on another frame was read while it changed (a generator that yields clears its frame's
+    // `previous` after the thread moved on: a running thread read without a pause).
+    if matches!(f.entry, EntryRule::OwnerAtLeast(_))
+        && !out.frames.is_empty()
+        && !matches!(out.items.last(), Some(ChainItem::Entry))
+    {
+        counts.add(ErrorKind::NotAFrame);
+        out.truncated = true;
+    }
     Ok(out)
 }
 

@@ -228,10 +228,11 @@ fn thread_local_bytecode_lines_and_fallback_314t() {
         &[(12, 1), (13, 2), (14, 3)],
     ));
     let copy = b.tlbc_copy(code, 2);
-    let good = b.tlbc_frame(code, copy, 2, 4, 0);
+    let entry = b.entry_frame(0);
+    let good = b.tlbc_frame(code, copy, 2, 4, entry);
     // Index 5 is beyond `_PyCodeArray.size`: fall back to `co_code_adaptive`; the pointer is then
     // outside that bytecode, so the line is unknown and both events are counted.
-    let bad = b.tlbc_frame(code, copy, 5, 4, 0);
+    let bad = b.tlbc_frame(code, copy, 5, 4, entry);
     let (mem, layout, target) = (b.memory(), b.layout().clone(), b.target());
     let ctx = Ctx {
         mem: &mem,
@@ -439,7 +440,9 @@ fn frame_objects_of_another_type_end_the_stack() {
         let mut b = ImageBuilder::new(flavor);
         let code = b.code(&CodeSpec::simple("f", "/a.py", 1, &[(1, 2)]));
         let l = b.layout().clone();
-        let outer = b.frame(code, 0, 0);
+        // On the entry frame of its eval loop, as every real chain (3.12+) ends.
+        let entry = b.entry_frame(0);
+        let outer = b.frame(code, 0, entry);
         let middle = b.frame(code, 0, outer);
         let inner = b.frame(code, 0, middle);
         let (mem, target) = (b.memory(), b.target());
@@ -472,5 +475,35 @@ fn frame_objects_of_another_type_end_the_stack() {
             // 3.11+: the word at offset 8 of an interpreter frame is another field.
             assert_eq!(counts.get(ErrorKind::WrongType), 0, "{flavor:?}");
         }
+    }
+}
+
+/// 3.12+: a chain that ends on a Python frame instead of its eval loop's entry frame was read
+/// while it changed (a generator that yielded cleared its `previous`): marked truncated and
+/// counted, so `dump` reads the thread again; ≤ 3.11 chains have no entry frames to check.
+#[test]
+fn chain_without_its_entry_frame_is_cut_short() {
+    for flavor in Flavor::ALL {
+        let mut b = ImageBuilder::new(flavor);
+        let code = b.code(&CodeSpec::simple("g", "/a.py", 1, &[(1, 2)]));
+        let l = b.layout().clone();
+        let detached = b.frame(code, 0, 0);
+        let (mem, target) = (b.memory(), b.target());
+        let ctx = Ctx {
+            mem: &mem,
+            layout: &l,
+            target: &target,
+        };
+        let mut counts = ErrorCounts::default();
+        let (frames, truncated) =
+            walk_frames(ctx, detached, &mut CodeCache::default(), &mut counts, 100).unwrap();
+        let has_entry_frames = l.frame.is_shim_owner(3);
+        assert_eq!(frames.len(), 1, "{flavor:?}");
+        assert_eq!(truncated, has_entry_frames, "{flavor:?}");
+        assert_eq!(
+            counts.get(ErrorKind::NotAFrame),
+            u64::from(has_entry_frames),
+            "{flavor:?}"
+        );
     }
 }
