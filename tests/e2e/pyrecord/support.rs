@@ -306,18 +306,7 @@ impl Workload {
             "{}: thread {name}: empty stack",
             self.interp
         );
-        frames
-            .iter()
-            .rev()
-            .map(|f| {
-                format!(
-                    "{} ({}:{})",
-                    f["function"].as_str().unwrap(),
-                    f["file"].as_str().unwrap(),
-                    f["line"].as_i64().unwrap()
-                )
-            })
-            .collect()
+        frame_labels(frames)
     }
 
     /// The thread's Python stack as `dump --json` shows it now, outermost first, as labels.
@@ -392,6 +381,11 @@ pub fn dump_stack(pid: u32, tid: u32) -> Vec<String> {
         !frames.is_empty(),
         "dump -p {pid}: thread {tid} has no frames: {t}"
     );
+    frame_labels(frames)
+}
+
+/// `function (file:line)` of each frame of a JSON stack (innermost first), outermost first.
+fn frame_labels(frames: &[Value]) -> Vec<String> {
     frames
         .iter()
         .rev()
