@@ -150,8 +150,9 @@ impl StackBuilder {
         self.symbolizer.forget_process(pid);
     }
 
-    /// How many processes and threads have cached names (tests, memory checks: after every
+    /// How many processes and threads have cached names (tests: after every
     /// process exited, none).
+    #[cfg(test)]
     pub fn sizes(&self) -> (usize, usize) {
         (self.roots.len(), self.thread_names.len())
     }

@@ -247,7 +247,7 @@ pub fn build(profile: &Profile, cfg: &Config) -> Table {
             rows.insert(scratch.as_slice().into(), (count, 0));
         }
         if cfg.children {
-            for (t, _) in frame_tuples(profile, cfg, &frames, stack, parts) {
+            for (t, _) in frame_tuples(profile, cfg, &frames, &stack, parts) {
                 rows.entry(t).or_default().1 += count;
             }
         }
@@ -318,7 +318,7 @@ fn add_graphs(
                 }
             }
         } else {
-            let at = leaf(profile, stack);
+            let at = leaf(profile, &stack);
             let keys = at
                 .and_then(|i| frames.get(stack[i].0 as usize))
                 .unwrap_or(frames.unknown());

@@ -446,7 +446,8 @@ impl Tracker {
 
     /// What the tracker holds per process: attached processes, attaches in flight, "not
     /// Python" verdicts, retries, exits in their grace, finished processes' stats and attach
-    /// failures (tests, memory checks).
+    /// failures (tests).
+    #[cfg(test)]
     pub fn sizes(&self) -> [usize; 7] {
         [
             self.procs.len(),
