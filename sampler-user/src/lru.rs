@@ -191,7 +191,11 @@ mod tests {
         }
         assert_eq!(t.peek(&0), Some(&0), "peek does not reorder");
         assert_eq!(t.pop_lru_while(|_, v| *v < 20), 2, "the oldest two");
-        assert_eq!(t.pop_lru_while(|_, v| *v < 20), 0, "stops at the first kept");
+        assert_eq!(
+            t.pop_lru_while(|_, v| *v < 20),
+            0,
+            "stops at the first kept"
+        );
         assert_eq!(t.len(), 3);
         assert_eq!(
             Lru::<u8, u8>::new(0).capacity(),

@@ -40,7 +40,9 @@ struct Index {
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Index").field("len", &self.table.len()).finish()
+        f.debug_struct("Index")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -150,14 +152,13 @@ impl Profile {
             Some((h, rest)) => (Some(*h), rest),
             None => (None, frames),
         };
-        let tail = match self.tail_ids.find(&self.tails, |t| &**t, rest) {
-            Some(t) => t,
-            None => {
-                let t = u32::try_from(self.tails.len()).expect("more than 4G unique stacks");
-                self.tails.push(rest.into());
-                self.tail_ids.insert(&self.tails, |t| &**t, t);
-                t
-            }
+        let tail = if let Some(t) = self.tail_ids.find(&self.tails, |t| &**t, rest) {
+            t
+        } else {
+            let t = u32::try_from(self.tails.len()).expect("more than 4G unique stacks");
+            self.tails.push(rest.into());
+            self.tail_ids.insert(&self.tails, |t| &**t, t);
+            t
         };
         Stored { head, tail }
     }
@@ -322,7 +323,7 @@ impl Profile {
 
     /// Appends a stack (root first) under the next id, as [`Self::push_frame`] does frames;
     /// every frame it names must exist.
-    pub fn push_stack(&mut self, frames: Box<[FrameId]>) -> Result<StackId, PartsError> {
+    pub fn push_stack(&mut self, frames: &[FrameId]) -> Result<StackId, PartsError> {
         let i = self.stacks.len();
         let id = StackId(u32::try_from(i).map_err(|_| PartsError::TooMany)?);
         if let Some(f) = frames.iter().find(|f| f.0 as usize >= self.frames.len()) {
@@ -332,7 +333,7 @@ impl Profile {
                 frames: self.frames.len(),
             });
         }
-        let stored = self.stored(&frames);
+        let stored = self.stored(frames);
         if self.stack_ids.find(&self.stacks, |s| s, &stored).is_some() {
             return Err(PartsError::DuplicateStack { stack: i });
         }
@@ -354,7 +355,7 @@ impl Profile {
             p.push_frame(f)?;
         }
         for s in stacks {
-            p.push_stack(s)?;
+            p.push_stack(&s)?;
         }
         Ok(p)
     }

@@ -67,9 +67,15 @@ fn churn(p: &mut Pipeline, from: u32, n: u32) -> [usize; 5] {
 fn processes_that_exit_leave_no_per_process_state() {
     let mut p = pipeline();
     let first = churn(&mut p, FIRST_PID, 500);
-    assert_eq!(p.builder.sizes(), (0, 0), "roots and thread names dropped on exit");
+    assert_eq!(
+        p.builder.sizes(),
+        (0, 0),
+        "roots and thread names dropped on exit"
+    );
     // Exits are kept for a grace (samples taken before them still arrive), then dropped.
-    p.python.tracker().tick(Instant::now() + Duration::from_secs(60));
+    p.python
+        .tracker()
+        .tick(Instant::now() + Duration::from_secs(60));
     let [procs, pending, negative, retries, exits, ..] = p.python.tracker_ref().sizes();
     assert_eq!(
         (procs, pending, negative, retries, exits),

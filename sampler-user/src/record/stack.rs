@@ -173,8 +173,13 @@ impl StackBuilder {
         let mut stack = std::mem::take(&mut self.scratch);
         stack.clear();
         stack.push(root.0);
-        let (thread, thread_frame) =
-            self.thread(profile, raw.pid, raw.tid, s.thread_name.as_ref(), &thread_comm);
+        let (thread, thread_frame) = self.thread(
+            profile,
+            raw.pid,
+            raw.tid,
+            s.thread_name.as_ref(),
+            &thread_comm,
+        );
         if let Some(f) = thread_frame {
             stack.push(f);
         }

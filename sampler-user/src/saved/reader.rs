@@ -376,7 +376,7 @@ impl Builder {
         }
         self.stack_text += text;
         self.profile
-            .push_stack(s.frames.into_iter().map(FrameId).collect())
+            .push_stack(&s.frames.into_iter().map(FrameId).collect::<Vec<_>>())
             .map_err(|e| corrupt(e.to_string()))?;
         Ok(())
     }

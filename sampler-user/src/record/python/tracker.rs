@@ -707,7 +707,9 @@ mod tests {
         }
         assert_eq!(t.finished.len(), MAX_FINISHED, "bounded");
         assert!(
-            t.finished.iter().any(|(p, s)| *p == 1 && s.version == "3.8"),
+            t.finished
+                .iter()
+                .any(|(p, s)| *p == 1 && s.version == "3.8"),
             "every version and family walked stays listed"
         );
         // The 3.12 ones kept are the first of the summary's order: most samples, lowest pid.
