@@ -219,8 +219,12 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     eprintln!(
         "--all: short-lived pid {short_pid}: {n} samples, {with_py} with Python frames, {burning} in burn"
     );
+    // At least half of its samples exactly in `burn`: the kernel captures it from the attach
+    // (an exec wakes user space at once) and user space reads its frames within a fast flush
+    // (10 ms while a young Python process runs), long before it exits; a 100 ms flush left
+    // some such processes with only `[unknown python frame]`s.
     assert!(
-        n >= 3 && burning >= 1 && with_py * 2 >= n,
+        n >= 3 && burning * 2 >= n && with_py * 2 >= n,
         "--all: the ~200 ms Python process (3.12, pid {short_pid}) lost its Python frames: {n} \
          samples, {with_py} with Python frames, {burning} exactly <module> → main → burn ({})\n\
          its samples:\n{}summary: {}\nstderr:\n{}",
