@@ -732,8 +732,9 @@ fn kernel_stops_at_the_first_invalid_frame() {
             procs.insert(pid, &info).unwrap();
             // Samples taken before the swap may still wait in the ring (under an emulated
             // kernel, many): only those taken after it count.
-            let swapped = monotonic_ns();
+            // The counters first: every sample after `swapped` is then in their difference.
             let before = collector.counters().unwrap();
+            let swapped = monotonic_ns();
             let (caps, earlier) = captures_after(&mut collector, pid, swapped);
             let after = collector.counters().unwrap();
             let invalid =
