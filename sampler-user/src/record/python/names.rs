@@ -189,3 +189,77 @@ impl ThreadNames {
 fn now_or(until: Instant) -> Instant {
     until.checked_sub(POLL_FOR).unwrap_or(until)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// Prints the main thread's native id, then per stdin line starts a thread of that name
+    /// that sleeps 0.3 s, prints its native id, and "ended" once it was joined.
+    const SCRIPT: &str = "import sys, threading, time\n\
+print(threading.get_native_id(), flush=True)\n\
+for line in sys.stdin:\n    \
+t = threading.Thread(target=time.sleep, args=(0.3,), name=line.strip())\n    \
+t.start()\n    print(t.native_id, flush=True)\n    t.join()\n    print('ended', flush=True)\n";
+
+    const PYTHONS: [(&str, &str); 3] = [
+        ("3.10", "/root/.pyenv/versions/3.10.13/bin/python3.10"),
+        ("3.12", "/root/.pyenv/versions/3.12.1/bin/python3.12"),
+        (
+            "3.13t",
+            "/var/cache/pyebpf-test/pythons/3.13t/bin/python3.13t",
+        ),
+    ];
+
+    /// A thread that starts after the poll began and ends before its sample is resolved is
+    /// named (by the poll); without the poll it is not. The poll ends [`POLL_FOR`] after the
+    /// last first sample of a thread.
+    #[test]
+    fn a_polled_thread_keeps_its_name_after_it_ended() {
+        for (name, python) in PYTHONS {
+            if !std::path::Path::new(python).exists() {
+                crate::procs::tests::missing(&format!("interpreter {name} at {python}"));
+                continue;
+            }
+            let mut child = Command::new(python)
+                .args(["-c", SCRIPT])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut stdin = child.stdin.take().unwrap();
+            let mut out = BufReader::new(child.stdout.take().unwrap());
+            let mut line = || {
+                let mut l = String::new();
+                out.read_line(&mut l).unwrap();
+                l.trim().to_owned()
+            };
+            let main: u32 = line().parse().unwrap();
+            let pid = child.id();
+            let mut process = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut polled = ThreadNames::default();
+            assert_eq!(polled.name(&mut process, main, true).as_deref(), Some("MainThread"));
+            assert!(polled.due().is_some(), "{name}: a first sample starts the poll");
+
+            writeln!(stdin, "req-1").unwrap();
+            let tid: u32 = line().parse().unwrap();
+            std::thread::sleep(POLL_EVERY * 2);
+            polled.poll(&mut process, Instant::now());
+            assert_eq!(line(), "ended");
+            let mut unpolled = ThreadNames::default();
+            let late = unpolled.name(&mut process, tid, true);
+            assert_ne!(late.as_deref(), Some("req-1"), "{name}: the thread had ended");
+            assert_eq!(polled.name(&mut process, tid, true).as_deref(), Some("req-1"), "{name}");
+
+            let end = Instant::now() + POLL_FOR + POLL_EVERY;
+            polled.poll(&mut process, end);
+            assert_eq!(polled.due(), None, "{name}: no new thread for {POLL_FOR:?}");
+            drop(stdin);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
