@@ -290,6 +290,9 @@ mod tests {
                     names.get(&(u64::MAX - 5)).map(String::as_str),
                     Some("wörker-🚀")
                 );
+                // The `_active` dict found once reads the same names again.
+                let active = active_dict(ctx, b.interp_addr()).unwrap().unwrap();
+                assert_eq!(active_names(ctx, active, 100).unwrap(), names);
             }
         }
     }

@@ -380,7 +380,10 @@ impl PyProc {
     /// When the thread names of this process are next polled (`None`: not polled; never
     /// after its exit).
     pub fn names_due(&self) -> Option<Instant> {
-        self.exited_at.is_none().then(|| self.names.due()).flatten()
+        if self.exited_at.is_some() {
+            return None;
+        }
+        self.names.due()
     }
 
     /// Polls the thread names when due.
