@@ -40,7 +40,7 @@ fn request_threads_are_named(name: &str) {
     assert!(status.success(), "{name}: record failed ({status}):\n{err}");
     let folded = parse_folded(&std::fs::read_to_string(&out).unwrap());
     let log = std::fs::read_to_string(w.files.host_dir.join("threads.log")).unwrap();
-    let names: HashMap<&str, &str> = log
+    let given: HashMap<&str, &str> = log
         .lines()
         .filter_map(|l| {
             let (n, tid) = l.split_once(' ')?;
@@ -59,12 +59,14 @@ fn request_threads_are_named(name: &str) {
         let thread = &s.frames[1];
         let (label, tid) = thread
             .rsplit_once(" (")
-            .map(|(n, t)| (n, t.trim_end_matches(')')))
-            .unwrap_or((thread, ""));
+            .map_or((thread.as_str(), ""), |(n, t)| (n, t.trim_end_matches(')')));
         if label.starts_with("req-") {
             named += s.count;
-            if names.get(tid).is_some_and(|n| *n != label) {
-                wrong.push(format!("{thread}: the workload named tid {tid} {:?}", names[tid]));
+            if given.get(tid).is_some_and(|n| *n != label) {
+                wrong.push(format!(
+                    "{thread}: the workload named tid {tid} {:?}",
+                    given[tid]
+                ));
             }
         } else {
             unnamed.push(format!("{thread} {}", s.count));
@@ -77,7 +79,11 @@ fn request_threads_are_named(name: &str) {
         total >= 200,
         "{name}: only {total} samples in handle after {used:.2?} s of CPU:\n{err}"
     );
-    assert!(wrong.is_empty(), "{name}: names of other threads:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{name}: names of other threads:\n{}",
+        wrong.join("\n")
+    );
     assert!(
         named * 100 >= total * 95,
         "{name}: {named} of {total} samples under their threads' names; the others:\n{}",

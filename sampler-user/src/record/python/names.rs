@@ -177,7 +177,11 @@ impl ThreadNames {
     /// Native thread id (the target's pid namespace) → host tid: `None` when they are the
     /// same (the target shares our pid namespace), else the map from `/proc/PID/task/*/status`
     /// (read only then, and only when `needed`).
-    fn host_tid_map(&mut self, pid: u32, needed: bool) -> Option<std::collections::HashMap<u32, u32>> {
+    fn host_tid_map(
+        &mut self,
+        pid: u32,
+        needed: bool,
+    ) -> Option<std::collections::HashMap<u32, u32>> {
         let own = *self.own_pidns.get_or_insert_with(|| {
             crate::python::kernel::pid_namespace(pid).is_ok_and(|ns| ns == (0, 0))
         });
@@ -241,8 +245,14 @@ t.start()\n    print(t.native_id, flush=True)\n    t.join()\n    print('ended', 
             let pid = child.id();
             let mut process = PythonProcess::attach(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
             let mut polled = ThreadNames::default();
-            assert_eq!(polled.name(&mut process, main, true).as_deref(), Some("MainThread"));
-            assert!(polled.due().is_some(), "{name}: a first sample starts the poll");
+            assert_eq!(
+                polled.name(&mut process, main, true).as_deref(),
+                Some("MainThread")
+            );
+            assert!(
+                polled.due().is_some(),
+                "{name}: a first sample starts the poll"
+            );
 
             writeln!(stdin, "req-1").unwrap();
             let tid: u32 = line().parse().unwrap();
@@ -251,8 +261,16 @@ t.start()\n    print(t.native_id, flush=True)\n    t.join()\n    print('ended', 
             assert_eq!(line(), "ended");
             let mut unpolled = ThreadNames::default();
             let late = unpolled.name(&mut process, tid, true);
-            assert_ne!(late.as_deref(), Some("req-1"), "{name}: the thread had ended");
-            assert_eq!(polled.name(&mut process, tid, true).as_deref(), Some("req-1"), "{name}");
+            assert_ne!(
+                late.as_deref(),
+                Some("req-1"),
+                "{name}: the thread had ended"
+            );
+            assert_eq!(
+                polled.name(&mut process, tid, true).as_deref(),
+                Some("req-1"),
+                "{name}"
+            );
 
             let end = Instant::now() + POLL_FOR + POLL_EVERY;
             polled.poll(&mut process, end);
