@@ -125,6 +125,9 @@ impl PythonStage {
     /// Resolves one sample (its capture is taken out of `raw`) into `profile`'s frames;
     /// `None` when `--gil` drops it.
     pub fn resolve(&mut self, raw: &mut RawSample, profile: &mut Profile) -> Option<Resolved> {
+        if self.cfg.threads {
+            self.tracker.poll_names(Instant::now());
+        }
         let cap = raw.python.take();
         let (pid, tid) = (raw.pid, raw.tid);
         let gil = self.cfg.gil;

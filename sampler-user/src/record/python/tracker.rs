@@ -409,9 +409,12 @@ impl Tracker {
         }
     }
 
-    /// The work due at `now`: retries after exec, exited processes after the grace, thread
-    /// names polled.
-    pub fn tick(&mut self, now: Instant) {
+    /// `--threads`: the name polls due at `now` (also between the samples of a long batch, so
+    /// a busy pipeline does not delay them by the batch).
+    pub fn poll_names(&mut self, now: Instant) {
+        if self.name_polls.is_empty() {
+            return;
+        }
         let procs = &mut self.procs;
         self.name_polls.retain(|pid| {
             let Some(p) = procs.get_mut(pid) else {
@@ -420,6 +423,12 @@ impl Tracker {
             p.poll_names(now);
             p.names_due().is_some()
         });
+    }
+
+    /// The work due at `now`: retries after exec, exited processes after the grace, thread
+    /// names polled.
+    pub fn tick(&mut self, now: Instant) {
+        self.poll_names(now);
         let due = self.retries.partition_point(|r| r.due <= now);
         for r in self.retries.drain(..due).collect::<Vec<_>>() {
             self.request(r.pid, Some((r.exec, r.index)), true);
