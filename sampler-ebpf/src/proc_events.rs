@@ -18,6 +18,7 @@
 //! the kernel BTF). Without BTF, user space loads the perf-event version, whose record offsets
 //! come from the tracepoint's `format` file (`CONFIG.fork_*_offset`).
 use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated},
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
@@ -91,7 +92,10 @@ fn try_exec() -> Result<(), Counter> {
     if config().filter_pids == 1 && !is_target(tgid) {
         return Ok(());
     }
-    emit(event_kind::EXEC, tgid, 0)
+    // Wake user space at once, whatever waits in the ring: a new Python process is captured
+    // only once user space has attached it, and a short-lived one (a cron job, a CLI tool)
+    // would otherwise run unseen until the next flush of the ring (samples do not wake it).
+    emit(event_kind::EXEC, tgid, 0, u64::from(BPF_RB_FORCE_WAKEUP))
 }
 
 /// A thread exited: report it when it is a thread-group leader (only targets when filtering,
@@ -112,7 +116,7 @@ fn try_exit() -> Result<(), Counter> {
         // sampling too.
         let _ = TARGET_PIDS.remove(tgid);
     }
-    emit(event_kind::EXIT, tgid, 0)
+    emit(event_kind::EXIT, tgid, 0, 0)
 }
 
 /// A target created a new process: make it a target and report it. New threads are ignored
@@ -140,11 +144,13 @@ fn try_fork(read: impl FnOnce() -> Result<(u64, i32), Counter>) -> Result<(), Co
     TARGET_PIDS
         .insert(child, 1u8, 0)
         .map_err(|_| Counter::FollowFailed)?;
-    emit(event_kind::FORK, child, parent)
+    emit(event_kind::FORK, child, parent, 0)
 }
 
+/// Writes one event; `flags` as for `bpf_ringbuf_submit` (0: wake user space only when the
+/// ring was empty).
 #[inline(always)]
-fn emit(kind: u32, pid: u32, parent_pid: u32) -> Result<(), Counter> {
+fn emit(kind: u32, pid: u32, parent_pid: u32, flags: u64) -> Result<(), Counter> {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         return Err(Counter::LostProcEvents);
     };
@@ -157,6 +163,6 @@ fn emit(kind: u32, pid: u32, parent_pid: u32) -> Result<(), Counter> {
         comm: current_comm(),
     };
     entry.write(event);
-    entry.submit(0);
+    entry.submit(flags);
     Ok(())
 }

@@ -244,18 +244,24 @@ pub fn reexec_as_root(why: &str) -> Result<std::convert::Infallible> {
 
 /// Wall-clock time of each phase, printed as a table at the end of `setup` and `test`.
 #[derive(Default)]
-pub struct Timings(Vec<(String, Duration, &'static str)>);
+pub struct Timings(Vec<(String, Duration, String)>);
 
 impl Timings {
     /// Runs `f` as phase `name` and records its duration and outcome.
     pub fn phase<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let t0 = Instant::now();
         let r = f();
-        self.0.push((
-            name.to_owned(),
-            t0.elapsed(),
-            if r.is_ok() { "ok" } else { "FAILED" },
-        ));
+        // The reason goes into the timings table too: it is the last thing a CI log shows,
+        // and the phase's own output may be far above it.
+        let outcome = match &r {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => {
+                let why = format!("{e:#}").replace('\n', " ");
+                let why: String = why.chars().take(300).collect();
+                format!("FAILED: {why}")
+            }
+        };
+        self.0.push((name.to_owned(), t0.elapsed(), outcome));
         r
     }
 

@@ -44,6 +44,8 @@ pub struct Outcome {
     pub started: usize,
     pub long_ones: usize,
     pub long_with_frames: usize,
+    /// The ≥ 100 ms processes without their frames: `pid interpreter ms: what their samples show`.
+    pub missed: Vec<String>,
 }
 
 /// Kills and reaps a helper process when dropped (also on an early error).
@@ -249,15 +251,17 @@ fn share(ledger: &Path, folded: &Path, o: &mut Outcome) -> Result<()> {
     let mut long = Vec::new();
     for l in ledger.lines() {
         let w: Vec<&str> = l.split_whitespace().collect();
-        if let [pid, _, ms] = w[..] {
+        if let [pid, python, ms] = w[..] {
             o.started += 1;
             if ms.parse::<f64>().unwrap_or(0.0) >= 100.0 {
-                long.push(pid.to_owned());
+                long.push((pid.to_owned(), format!("{pid} {python} {ms} ms")));
             }
         }
     }
     let text = std::fs::read_to_string(folded).context("the folded profile")?;
     let mut with_frames = std::collections::HashSet::new();
+    // Per pid: samples, samples with a Python frame, samples with an unresolved one.
+    let mut seen: std::collections::HashMap<String, [u64; 3]> = std::collections::HashMap::new();
     for l in text.lines() {
         let Some(root) = l.split(';').next() else {
             continue;
@@ -271,9 +275,29 @@ fn share(ledger: &Path, folded: &Path, o: &mut Outcome) -> Result<()> {
         if l.contains(";burn (") {
             with_frames.insert(pid.to_owned());
         }
+        let n: u64 = l
+            .rsplit_once(' ')
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap_or(0);
+        let c = seen.entry(pid.to_owned()).or_default();
+        c[0] += n;
+        if l.contains(" (<string>:") || l.contains("[unknown python frame]") {
+            c[1] += n;
+        }
+        if l.contains("[unknown python frame]") {
+            c[2] += n;
+        }
     }
     o.long_ones = long.len();
-    o.long_with_frames = long.iter().filter(|p| with_frames.contains(*p)).count();
+    o.long_with_frames = long.iter().filter(|(p, _)| with_frames.contains(p)).count();
+    o.missed = long
+        .iter()
+        .filter(|(p, _)| !with_frames.contains(p))
+        .map(|(p, what)| {
+            let [n, py, unknown] = seen.get(p).copied().unwrap_or_default();
+            format!("{what}: {n} samples, {py} with Python frames, {unknown} with unresolved ones")
+        })
+        .collect();
     Ok(())
 }
 
@@ -297,6 +321,9 @@ fn report(o: &Outcome, secs: u64) {
         o.long_with_frames,
         100.0 * o.long_with_frames as f64 / o.long_ones.max(1) as f64
     );
+    for m in &o.missed {
+        println!("| without its frames | {m} |");
+    }
     let series: Vec<String> = o
         .rss
         .iter()

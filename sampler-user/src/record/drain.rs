@@ -3,8 +3,9 @@
 //! does not turn into samples lost in the kernel.
 //!
 //! Owns: the [`Collector`] for the duration of the run. Input: ring-buffer records, drained
-//! when the kernel wakes us (per batch: see `Config::wakeup_bytes`; a process event wakes us
-//! at once) or every [`FLUSH_EVERY`]. Output: one [`Batch`] of [`Drained`] items per wake-up
+//! when the kernel wakes us (per batch: see `Config::wakeup_bytes`; an exec wakes us at once)
+//! or every [`FLUSH_EVERY`] ([`FAST_FLUSH`] while a recently attached Python process may be
+//! running). Output: one [`Batch`] of [`Drained`] items per wake-up
 //! into the pipeline's input — one message (and at most one wake-up of the pipeline) per
 //! batch, never per sample. Kernel stacks are looked up here, right when the sample arrives.
 //! When more than [`queue_capacity`] samples wait downstream, new samples are dropped and
@@ -30,19 +31,45 @@ const LOST_EVERY: Duration = Duration::from_millis(500);
 /// The longest a sample waits in a quiet ring before it is drained: the kernel wakes us only
 /// when an eighth of the ring is used.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// The same while a Python process attached recently may still be running
+/// ([`Backlog::flush_fast_for`]): its frames are read from its memory when its samples are
+/// built, and a short-lived process (0.1–1 s: a cron job, a CLI tool, a test worker) has exited
+/// before a 100 ms flush would hand them over, leaving `[unknown python frame]`s.
+pub const FAST_FLUSH: Duration = Duration::from_millis(10);
 
 /// The items of one drain, in ring order.
 pub type Batch = Vec<Drained>;
 
-/// Samples queued downstream of the drain: added when a batch is sent, taken off by
-/// [`Backlog::done`] when the next stage has handled a batch.
+/// The pipeline's link back to the drain: the samples queued downstream (added when a batch
+/// is sent, taken off by [`Backlog::done`] when the next stage has handled a batch), and until
+/// when the drain flushes every [`FAST_FLUSH`] instead of every [`FLUSH_EVERY`].
 #[derive(Clone, Default)]
-pub struct Backlog(Arc<AtomicUsize>);
+pub struct Backlog {
+    queued: Arc<AtomicUsize>,
+    /// `CLOCK_MONOTONIC` ns.
+    fast_until_ns: Arc<AtomicU64>,
+}
 
 impl Backlog {
     /// `n` samples of a batch were handled.
     pub fn done(&self, n: usize) {
-        self.0.fetch_sub(n, Ordering::Relaxed);
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Flush every [`FAST_FLUSH`] for the next `d` (a Python process was just attached).
+    pub fn flush_fast_for(&self, d: Duration) {
+        let until = super::idle::monotonic_ns()
+            .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.fast_until_ns.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// The drain's poll timeout now.
+    fn flush_interval(&self) -> Duration {
+        if super::idle::monotonic_ns() < self.fast_until_ns.load(Ordering::Relaxed) {
+            FAST_FLUSH
+        } else {
+            FLUSH_EVERY
+        }
     }
 }
 
@@ -207,7 +234,7 @@ fn run(c: &mut Collector, tx: &Sender<Input>, sh: &Shared) -> Result<(), Collect
         let timeout = if stopping {
             Duration::ZERO
         } else {
-            FLUSH_EVERY
+            sh.backlog.flush_interval()
         };
         c.poll(timeout, Some(sh.wake), |ev| events.push(ev))?;
         // A stop signal (not our own finish): tell the pipeline, which decides.
@@ -217,7 +244,7 @@ fn run(c: &mut Collector, tx: &Sender<Input>, sh: &Shared) -> Result<(), Collect
         let start_ns = sh.start_ns.load(Ordering::Acquire);
         let room = sh
             .capacity
-            .saturating_sub(sh.backlog.0.load(Ordering::Relaxed));
+            .saturating_sub(sh.backlog.queued.load(Ordering::Relaxed));
         let mut batch = Vec::with_capacity(events.len());
         let mut samples = 0;
         for ev in events.drain(..) {
@@ -252,7 +279,7 @@ fn run(c: &mut Collector, tx: &Sender<Input>, sh: &Shared) -> Result<(), Collect
             batch.push(item);
         }
         if !batch.is_empty() {
-            sh.backlog.0.fetch_add(samples, Ordering::Relaxed);
+            sh.backlog.queued.fetch_add(samples, Ordering::Relaxed);
             if tx.send(Input::Batch(batch)).is_err() {
                 return Ok(());
             }

@@ -17,6 +17,7 @@
 
 mod drain;
 mod idle;
+mod latency;
 mod pipeline;
 mod python;
 pub mod session;

@@ -24,9 +24,15 @@ use crate::procs::ProcessRegistry;
 use crate::profile::{Profile, Sample};
 
 use super::drain::{Backlog, Batch, Drained, samples_in};
+use super::latency::Latency;
 use super::python::attach::Attached;
 use super::python::{PythonStage, StageReport};
 use super::stack::{StackBuilder, Staged};
+
+/// How long after a Python process's attach its samples are flushed fast (see
+/// [`super::drain::FAST_FLUSH`]): the first second or two of a process is where new code
+/// objects appear and where short-lived processes end.
+const YOUNG: Duration = Duration::from_secs(2);
 
 /// A message to the pipeline.
 pub enum Input {
@@ -76,6 +82,8 @@ pub struct Pipeline {
     pub lifetimes: Lifetimes,
     /// Samples built, and the time spent on them (`PYEBPF_STATS`).
     built: (u64, Duration),
+    /// How long after it was taken each sample was built (`PYEBPF_STATS`).
+    lag: Latency,
 }
 
 impl Pipeline {
@@ -95,6 +103,7 @@ impl Pipeline {
             timeline: timeline.then(Vec::new),
             lifetimes,
             built: (0, Duration::ZERO),
+            lag: Latency::default(),
         }
     }
 
@@ -139,7 +148,12 @@ impl Pipeline {
                 self.built.1 += t0.elapsed();
                 backlog.done(drained);
             }
-            Input::Attached(a) => self.python.tracker().accept(a),
+            Input::Attached(a) => {
+                if a.result.is_ok() {
+                    backlog.flush_fast_for(YOUNG);
+                }
+                self.python.tracker().accept(a);
+            }
             Input::Wake | Input::DrainEnded => {}
         }
         self.tick();
@@ -169,7 +183,11 @@ impl Pipeline {
     pub fn process_event(&mut self, ev: &Event) {
         match ev {
             Event::Exec(p) => {
-                self.python.tracker().on_exec(p.pid);
+                // The exec's own time (the event may have waited in the ring).
+                let ago = super::idle::monotonic_ns().saturating_sub(p.time_ns);
+                let now = Instant::now();
+                let exec = now.checked_sub(Duration::from_nanos(ago)).unwrap_or(now);
+                self.python.tracker().on_exec(p.pid, exec);
                 self.registry.on_exec(p.pid);
                 self.builder.forget_process(p.pid);
             }
@@ -202,6 +220,11 @@ impl Pipeline {
 
     /// One drained sample through the stages.
     fn sample(&mut self, mut raw: RawSample, kernel: Option<&[u64]>) {
+        if raw.off_cpu.is_none() {
+            // The sample's clock (`bpf_ktime_get_ns`) is CLOCK_MONOTONIC.
+            self.lag
+                .add_ns(super::idle::monotonic_ns().saturating_sub(raw.time_ns));
+        }
         if self.python.after_accounted(&mut raw) {
             self.build(raw, kernel);
         }
@@ -262,6 +285,7 @@ impl Pipeline {
             python: self.python.report(),
             failures,
             built: self.built,
+            lag: self.lag,
             profile: self.profile,
             timeline: self.timeline.unwrap_or_default(),
         }
@@ -291,4 +315,6 @@ pub struct Finished {
     pub failures: Failures,
     /// Samples built, and the time spent on the batches.
     pub built: (u64, Duration),
+    /// How long after it was taken each sample was built.
+    pub lag: Latency,
 }

@@ -459,6 +459,7 @@ fn summarize(
     }
     if std::env::var("PYEBPF_STATS").as_deref() == Ok("1") {
         summary.user_cost = Some(done.built);
+        summary.latency = Some((done.lag.clone(), done.python.exec_to_attach.clone()));
     }
     summary
 }

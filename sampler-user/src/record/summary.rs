@@ -62,6 +62,8 @@ pub struct RecordSummary {
     pub offcpu: Option<OffCpuLine>,
     /// User-space cost: samples built, and the time the pipeline spent on their batches.
     pub user_cost: Option<(u64, Duration)>,
+    /// `PYEBPF_STATS`: sample taken → built, and exec → Python attach.
+    pub latency: Option<(super::latency::Latency, super::latency::Latency)>,
     /// How `-- COMMAND` ended (`exited with status 3`, `was killed by signal 2 (SIGINT)`).
     pub command_status: Option<String>,
 }
@@ -101,6 +103,7 @@ impl RecordSummary {
             program: None,
             offcpu: None,
             user_cost: None,
+            latency: None,
             command_status: None,
         }
     }
@@ -194,6 +197,10 @@ impl RecordSummary {
                 w,
                 "pyebpf: user space: pipeline {per:.1} µs per sample ({n} samples: Python frames, stacks, counts)"
             )?;
+        }
+        if let Some((lag, attach)) = &self.latency {
+            writeln!(w, "pyebpf: latency: sample taken to built {lag}")?;
+            writeln!(w, "pyebpf: latency: exec to Python attach {attach}")?;
         }
         Ok(())
     }
@@ -364,6 +371,7 @@ mod tests {
             program: None,
             offcpu: None,
             user_cost: None,
+            latency: None,
             command_status: None,
         };
         let mut buf = Vec::new();
@@ -431,6 +439,7 @@ mod tests {
                 verified_insns: Some(123_456),
             }),
             user_cost: None,
+            latency: None,
             command_status: Some("exited with status 3".into()),
         };
         let mut buf = Vec::new();

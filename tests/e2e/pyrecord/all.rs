@@ -219,10 +219,19 @@ fn all_three_interpreters_late_starter_and_short_lived_process() {
     eprintln!(
         "--all: short-lived pid {short_pid}: {n} samples, {with_py} with Python frames, {burning} in burn"
     );
+    // Its frames are named (user space reads them within a fast flush after the sample, long
+    // before the process exits; a 100 ms flush left such processes with only `[unknown python
+    // frame]`s), and it is seen in `burn`. Not a share of `burn`: under an emulated kernel the
+    // interpreter's start-up takes most of the process's life.
+    let unknown = count_where(&short_samples, |s| {
+        s.frames.iter().any(|f| f == "[unknown python frame]")
+    });
+    eprintln!("--all: short-lived pid {short_pid}: {unknown} samples with an unresolved frame");
     assert!(
-        n >= 3 && burning >= 1 && with_py * 2 >= n,
+        n >= 3 && burning >= 3 && with_py * 2 >= n && unknown * 10 <= with_py,
         "--all: the ~200 ms Python process (3.12, pid {short_pid}) lost its Python frames: {n} \
-         samples, {with_py} with Python frames, {burning} exactly <module> → main → burn ({})\n\
+         samples, {with_py} with Python frames, {unknown} of them with an unresolved frame, \
+         {burning} exactly <module> → main → burn ({})\n\
          its samples:\n{}summary: {}\nstderr:\n{}",
         rec.what,
         show(&short_samples, 15),

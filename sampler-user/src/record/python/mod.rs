@@ -67,6 +67,8 @@ pub struct StageReport {
     pub failures: Failures,
     /// The processes whose attach failed (not Python aside), by pid.
     pub skipped: Vec<tracker::Skipped>,
+    /// From an exec to the attach of the Python process it started.
+    pub exec_to_attach: crate::record::latency::Latency,
 }
 
 /// The Python stage.
@@ -255,12 +257,14 @@ impl PythonStage {
             failures.add(Failure::Attach(*k), *n);
         }
         let skipped = self.tracker.skipped();
+        let exec_to_attach = self.tracker.exec_to_attach.clone();
         let (procs, overflow) = self.tracker.finish();
         StageReport {
             procs,
             overflow,
             failures,
             skipped,
+            exec_to_attach,
         }
     }
 }

@@ -107,6 +107,8 @@ pub struct Tracker {
     /// `--threads`: the processes whose thread names are polled (a few at a time: only those
     /// whose samples keep showing new threads).
     name_polls: Vec<u32>,
+    /// From an exec to the attach of the Python process it started (`PYEBPF_STATS`).
+    pub exec_to_attach: crate::record::latency::Latency,
 }
 
 /// A process that looked like Python but could not be profiled, for the summary.
@@ -152,6 +154,7 @@ impl Tracker {
             finished: Vec::new(),
             finished_overflow: PyProcStats::default(),
             attach_errors: BTreeMap::new(),
+            exec_to_attach: crate::record::latency::Latency::default(),
             failures: HashMap::new(),
             name_polls: Vec::new(),
         }
@@ -261,7 +264,12 @@ impl Tracker {
             return;
         };
         match a.result {
-            Ok(ready) => self.attached(pid, *ready),
+            Ok(ready) => {
+                if let Some((exec, _)) = p.retry {
+                    self.exec_to_attach.add(exec.elapsed());
+                }
+                self.attached(pid, *ready);
+            }
             Err(e) => {
                 let next = p
                     .retry
@@ -343,9 +351,10 @@ impl Tracker {
     }
 
     /// `pid` replaced its image: forget what it was, attach again (with retries).
-    pub fn on_exec(&mut self, pid: u32) {
+    /// `exec`: when it happened (retries count from there; so does `exec_to_attach`).
+    pub fn on_exec(&mut self, pid: u32, exec: Instant) {
         self.reset(pid);
-        self.request(pid, Some((Instant::now(), 0)), true);
+        self.request(pid, Some((exec, 0)), true);
     }
 
     /// `pid` was forked by a target: a copy of its parent until it execs.
@@ -618,7 +627,7 @@ mod tests {
         // Shared libpython: mapped by ld.so after the exec; retried until it is.
         let Some(py) = sleeping_python() else { return };
         let pid = py.0.id();
-        t.on_exec(pid);
+        t.on_exec(pid, Instant::now());
         let deadline = Instant::now() + Duration::from_secs(3);
         while !t.procs.contains_key(&pid) && Instant::now() < deadline {
             let wait = t.next_due().map_or(Duration::from_millis(50), |d| {
@@ -677,7 +686,7 @@ mod tests {
         let (mut t, rx) = tracker(Box::new(Log::default()));
         let sleep = Killed(Command::new("sleep").arg("30").spawn().unwrap());
         let pid = sleep.0.id();
-        t.on_exec(pid);
+        t.on_exec(pid, Instant::now());
         assert!(t.busy());
         settle(&mut t, &rx);
         for _ in RETRY_AFTER_EXEC {
