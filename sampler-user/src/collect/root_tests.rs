@@ -548,12 +548,12 @@ fn host_wide_skips_self_and_flags_kernel_threads() {
             .count()
     };
     let started = Instant::now();
-    let mut dirtied = Instant::now() - Duration::from_secs(1);
+    let mut dirtied: Option<Instant> = None;
     while started.elapsed() < Duration::from_millis(800)
         || (kthread_samples(&samples) < 3 && started.elapsed() < Duration::from_secs(10))
     {
-        if dirtied.elapsed() >= Duration::from_millis(200) {
-            dirtied = Instant::now();
+        if dirtied.is_none_or(|t| t.elapsed() >= Duration::from_millis(200)) {
+            dirtied = Some(Instant::now());
             std::fs::write(&scratch, vec![7u8; 8 << 20]).unwrap();
             let _ = Command::new("sync").status();
         }
