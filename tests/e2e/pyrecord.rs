@@ -23,6 +23,8 @@
 //!
 //! - `views` (issue 17): no junk samples in ten recordings of sympy on 3.12 and 3.13, short
 //!   file names, skipped processes named.
+//! - `threads` (issue 17): `--threads` names the threads of a thread-per-request program (3.12,
+//!   3.10, 3.13t).
 //! - `idle`: `--idle` (issue 13): wall-clock shares against the workloads' own measurements,
 //!   a thread blocked since before the run, GIL waits against `schedstat`, `report --sort
 //!   state` of the saved run.
@@ -40,4 +42,5 @@ mod native;
 mod stacks;
 mod subinterp;
 pub(crate) mod support;
+mod threads;
 mod views;

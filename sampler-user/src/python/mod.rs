@@ -139,6 +139,9 @@ pub struct PythonProcess {
     codes: CodeCache,
     counts: ErrorCounts,
     limits: Limits,
+    /// Interpreter → its `threading._active` dict (see [`threadnames::active_dict`]), so a
+    /// name lookup does not search `sys.modules` each time.
+    active_dicts: HashMap<u64, u64>,
 }
 
 /// Where a target's threads are named and numbered from.
@@ -315,6 +318,7 @@ impl PythonProcess {
             codes: CodeCache::default(),
             counts: ErrorCounts::default(),
             limits: Limits::default(),
+            active_dicts: HashMap::new(),
         })
     }
 
@@ -460,16 +464,13 @@ impl PythonProcess {
         };
         let limits = self.limits;
         let mut out = HashMap::new();
-        for (interp, ids) in walker::thread_ids(ctx, self.detected.runtime_addr, limits)? {
-            let mut names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
-            for _ in 0..2 {
-                if names.is_ok() {
-                    break;
-                }
-                ctx.mem.refresh();
-                names = threadnames::thread_names(ctx, interp, limits.max_threads as u64);
-            }
-            let Ok(names) = names else { continue };
+        let interps = walker::thread_ids(ctx, self.detected.runtime_addr, limits)?;
+        self.active_dicts
+            .retain(|i, _| interps.iter().any(|(interp, _)| interp == i));
+        for (interp, ids) in interps {
+            let Some(names) = interp_names(ctx, interp, &mut self.active_dicts, limits) else {
+                continue;
+            };
             for (native, thread_id) in ids {
                 if let Some(n) = names.get(&thread_id) {
                     out.entry(native).or_insert_with(|| n.clone());
@@ -670,6 +671,37 @@ pub fn host_tid_map(pid: u32) -> HashMap<u32, u32> {
         map.insert(inner, host);
     }
     map
+}
+
+/// The `threading` names of interpreter `interp` (`pthread_t` → name), its `_active` dict
+/// taken from `cache` or found (and cached); read again, at most twice, when a read fails
+/// (threads start and end meanwhile), the cached address dropped then. `None`: no names.
+fn interp_names(
+    ctx: Ctx<'_>,
+    interp: u64,
+    cache: &mut HashMap<u64, u64>,
+    limits: Limits,
+) -> Option<HashMap<u64, String>> {
+    for attempt in 0..3 {
+        if attempt > 0 {
+            ctx.mem.refresh();
+        }
+        let active = match cache.get(&interp) {
+            Some(&a) => a,
+            None => match threadnames::active_dict(ctx, interp) {
+                Ok(Some(a)) => *cache.entry(interp).or_insert(a),
+                Ok(None) => return Some(HashMap::new()),
+                Err(_) => continue,
+            },
+        };
+        match threadnames::active_names(ctx, active, limits.max_threads as u64) {
+            Ok(names) => return Some(names),
+            Err(_) => {
+                cache.remove(&interp);
+            }
+        }
+    }
+    None
 }
 
 /// `/proc/PID/task/TID/comm` (15 bytes at most; 3.14+ threads carry their Python name).

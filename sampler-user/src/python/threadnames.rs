@@ -192,24 +192,46 @@ pub fn thread_names(
     interp: u64,
     max_threads: u64,
 ) -> Result<HashMap<u64, String>, NameError> {
+    match active_dict(ctx, interp)? {
+        Some(active) => active_names(ctx, active, max_threads),
+        None => Ok(HashMap::new()),
+    }
+}
+
+/// The address of `threading._active` (`{ident: Thread}`) of the interpreter at `interp`:
+/// `None` when the interpreter never imported `threading` (not a failure: no names to give).
+/// The dict is created once with the module and only ever cleared and refilled (after a fork
+/// too), so a caller may keep the address for the interpreter's lifetime and read it with
+/// [`active_names`], which checks its type each time.
+pub fn active_dict(ctx: Ctx<'_>, interp: u64) -> Result<Option<u64>, NameError> {
     let (mem, l) = (ctx.mem, ctx.layout);
     let modules = mem.read_u64(interp.wrapping_add(l.interp.imports_modules))?;
     if modules == 0 {
         return Err(NameError::Missing("sys.modules"));
     }
-    // A program (or sub-interpreter) that never imported `threading` has no names to give:
-    // that is not a failure.
     let threading = match find_str_key(
         ctx,
         &dict_items(ctx, modules, MAX_DICT_ENTRIES)?,
         "threading",
     ) {
         Ok(m) => m,
-        Err(NameError::Missing(_)) => return Ok(HashMap::new()),
+        Err(NameError::Missing(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
     let md_dict = mem.read_u64(threading.wrapping_add(l.dict.module_dict))?;
     let active = find_str_key(ctx, &dict_items(ctx, md_dict, MAX_DICT_ENTRIES)?, "_active")?;
+    check_type(ctx, active, Known::Dict)?;
+    Ok(Some(active))
+}
+
+/// `thread_id` (`pthread_t`) → `Thread._name` of the entries of the `_active` dict at
+/// `active` (at most `max_threads`).
+pub fn active_names(
+    ctx: Ctx<'_>,
+    active: u64,
+    max_threads: u64,
+) -> Result<HashMap<u64, String>, NameError> {
+    check_type(ctx, active, Known::Dict)?;
     let mut names = HashMap::new();
     let mut first_err = None;
     // Threads start and exit while we read: one bad entry costs that name, not all of them.
@@ -268,6 +290,9 @@ mod tests {
                     names.get(&(u64::MAX - 5)).map(String::as_str),
                     Some("wörker-🚀")
                 );
+                // The `_active` dict found once reads the same names again.
+                let active = active_dict(ctx, b.interp_addr()).unwrap().unwrap();
+                assert_eq!(active_names(ctx, active, 100).unwrap(), names);
             }
         }
     }

@@ -14,7 +14,7 @@
 //! | `startup.rs`  | 5. start-up latency and peak RSS                                      |
 //! | `versions.rs` | 6. the eBPF program's cost per sample by CPython version (3.8–3.15)   |
 //! | `offcpu.rs`   | 8. `--idle` on a switch-heavy target beside `py-spy --idle`           |
-//! | `realworld.rs`| 9. third-party programs (sympy, docutils) on 3.12–3.14 beside py-spy |
+//! | `realworld.rs`| 9. third-party programs (sympy, docutils, the stdlib's C modules) on 3.12–3.14 beside py-spy; `--native` merge mismatches |
 //! | `folded.rs`, `stats.rs`, `report.rs`, `sys.rs` | parsing, medians, Markdown, syscalls |
 //!
 //! Figures that need work still in progress (Python frames in pyebpf's output) print

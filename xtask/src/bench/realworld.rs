@@ -7,7 +7,9 @@
 //! base name (both profilers print `name (file:line)`; lines are left out: a function's samples
 //! spread over its lines). pyebpf's junk samples are those with a run of two or more
 //! `[unknown python frame]` or more Python frames than the program's deepest stack (measured
-//! by the workload under `sys.setprofile`); its SVG is the flame graph of one round.
+//! by the workload under `sys.setprofile`); its SVG is the flame graph of one round. One more
+//! pyebpf recording with `--native` gives the share of samples whose native and Python stacks
+//! could not be merged (`[merge mismatch]`).
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,6 +27,10 @@ use crate::interpreters::Cache;
 const PROGRAMS: &[(&str, &str)] = &[
     ("sympy 1.13.3 (algebra)", "sympy_loop.py"),
     ("docutils 0.21.2 (reST → HTML)", "docutils_loop.py"),
+    (
+        "stdlib C modules (json, re, zlib, hashlib, pickle, sqlite3)",
+        "stdlib_c_loop.py",
+    ),
 ];
 /// Interpreters by manifest name.
 const INTERPRETERS: &[&str] = &["3.12", "3.13", "3.14"];
@@ -112,6 +118,26 @@ struct Outcome {
     theirs: Result<Shares, String>,
     max_depth: usize,
     svg_height: Option<u64>,
+    /// `record --native`: samples with `[merge mismatch]`, and all samples.
+    native: Result<(u64, u64), String>,
+}
+
+/// (samples with `[merge mismatch]`, all samples) of a folded-stack file.
+fn mismatches(text: &str) -> (u64, u64) {
+    let (mut bad, mut all) = (0, 0);
+    for line in text.lines() {
+        let Some((stack, count)) = line.trim_end().rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = count.parse::<u64>() else {
+            continue;
+        };
+        all += n;
+        if stack.split(';').any(|f| f == "[merge mismatch]") {
+            bad += n;
+        }
+    }
+    (bad, all)
 }
 
 /// inferno's height for a graph whose deepest stack has `frames` frames (as in the e2e test).
@@ -201,8 +227,15 @@ fn start(ctx: &Ctx, name: &str, script: &str, dir: &Path) -> Result<(Proc, serde
     Ok((p, v))
 }
 
-/// pyebpf `record -p PID -d SECONDS` into a collapsed file (and an SVG when `svg`).
-fn record_pyebpf(ctx: &Ctx, pid: u32, secs: u64, svg: Option<&Path>) -> Result<String> {
+/// pyebpf `record -p PID -d SECONDS` (with `--native` when `native`) into a collapsed file
+/// (and an SVG when `svg`).
+fn record_pyebpf(
+    ctx: &Ctx,
+    pid: u32,
+    secs: u64,
+    svg: Option<&Path>,
+    native: bool,
+) -> Result<String> {
     let out = ctx.path("rw-pyebpf", "txt");
     let mut cmd = crate::sh::clean(&ctx.tools.pyebpf);
     cmd.args([
@@ -215,6 +248,9 @@ fn record_pyebpf(ctx: &Ctx, pid: u32, secs: u64, svg: Option<&Path>) -> Result<S
     ])
     .args(["-d", &secs.to_string(), "-o"])
     .arg(&out);
+    if native {
+        cmd.arg("--native");
+    }
     if let Some(svg) = svg {
         cmd.arg("-o").arg(svg);
     }
@@ -245,13 +281,15 @@ fn one_program(ctx: &Ctx, name: &str, script: &str, dir: &Path) -> Result<Outcom
         theirs: Ok(Shares::default()),
         max_depth,
         svg_height: None,
+        native: Err("not run".into()),
     };
     let svg = ctx.path(&format!("rw-{name}-{script}"), "svg");
     let result = (|| -> Result<()> {
         for round in 0..ROUNDS {
             for i in super::rotation(2, round) {
                 if i == 0 {
-                    let text = record_pyebpf(ctx, w.pid, secs, (round == 0).then_some(&*svg))?;
+                    let svg = (round == 0).then_some(&*svg);
+                    let text = record_pyebpf(ctx, w.pid, secs, svg, false)?;
                     out.ours.add(&text, max_depth);
                 } else if let Ok(theirs) = &mut out.theirs {
                     match record_pyspy(ctx, w.pid, secs) {
@@ -261,6 +299,9 @@ fn one_program(ctx: &Ctx, name: &str, script: &str, dir: &Path) -> Result<Outcom
                 }
             }
         }
+        out.native = record_pyebpf(ctx, w.pid, secs, None, true)
+            .map(|text| mismatches(&text))
+            .map_err(|e| format!("{e:#}"));
         Ok(())
     })();
     let _ = w.stop(Duration::from_secs(5));
@@ -326,6 +367,7 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
             "pyebpf junk samples",
             "Cut at an invalid frame",
             "SVG height (deepest real stack needs)",
+            "`--native`: samples with `[merge mismatch]`",
         ],
     );
     summary.method(format!(
@@ -334,7 +376,9 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
          recordings each, alternating. Shares are of the samples with a Python frame, pooled \
          over the recordings; functions compare by name and file base name. Junk: a run of \
          unknown frames or a stack deeper than the program's deepest (the workload measures it \
-         under `sys.setprofile`). The tables after this one list the top-10 functions."
+         under `sys.setprofile`). One more pyebpf recording of the same length with \
+         `--native` counts the samples whose native and Python stacks could not be merged. The \
+         tables after this one list the top-10 functions."
     ));
     let mut leaf = share_table("9a. Top-10 leaf functions");
     let mut incl = share_table("9b. Top-10 inclusive functions");
@@ -354,7 +398,7 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
                 Err(e) => {
                     say_progress(&label, &Err(format!("{e:#}")));
                     let mut row = vec![(*program).into(), (*name).into(), format!("n/a: {e:#}")];
-                    row.resize(8, "—".into());
+                    row.resize(9, "—".into());
                     summary.row(row);
                     continue;
                 }
@@ -371,10 +415,11 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
             say_progress(
                 &label,
                 &Ok(format!(
-                    "{} / {theirs} samples, leaf {}, junk {}",
+                    "{} / {theirs} samples, leaf {}, junk {}, --native mismatches {:?}",
                     o.ours.total,
                     fmt(worst_leaf.clone()),
-                    o.ours.junk
+                    o.ours.junk,
+                    o.native
                 )),
             );
             summary.row(vec![
@@ -390,6 +435,13 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
                     o.svg_height.map_or_else(|| "?".into(), |h| h.to_string()),
                     svg_height_for(o.max_depth + 1)
                 ),
+                match o.native {
+                    Ok((bad, all)) => format!(
+                        "{bad} of {all} ({:.2} %)",
+                        bad as f64 * 100.0 / all.max(1) as f64
+                    ),
+                    Err(e) => format!("n/a: {e}"),
+                },
             ]);
         }
     }
@@ -445,5 +497,9 @@ mod tests {
         assert_eq!((s.junk, s.invalid), (2, 1));
         assert_eq!(function_key("x (y)"), None);
         assert_eq!(svg_height(r#"<svg height="120" w"#), Some(120));
+        assert_eq!(
+            mismatches("py (1);main;f (a.py:1) 3\npy (1);eval;[merge mismatch];f (a.py:1) 1\n"),
+            (1, 4)
+        );
     }
 }

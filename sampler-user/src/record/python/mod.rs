@@ -4,7 +4,7 @@
 //! Owns: the [`Tracker`] (which pids are Python, `PY_PROCS`; attaches run on the [`attach`]
 //! workers, whose results come back through the stage's input), each attached process
 //! ([`process`]: its reader and caches, its counts), the `--gil` filter and the `--threads`
-//! names of Python threads.
+//! names of Python threads ([`names`], polled through the tracker's timed work).
 //! Input: a drained sample (its [`RawSample`] with the kernel's capture), process events and
 //! attach results, in the order the pipeline receives them. Output: [`Resolved`] — the Python
 //! frames as profile frame ids (the stack builder merges them with native frames), the GIL
@@ -16,6 +16,7 @@
 //! entirely and reported once on stderr.
 
 pub mod attach;
+mod names;
 mod process;
 #[cfg(test)]
 mod process_tests;
@@ -126,6 +127,9 @@ impl PythonStage {
     /// Resolves one sample (its capture is taken out of `raw`) into `profile`'s frames;
     /// `None` when `--gil` drops it.
     pub fn resolve(&mut self, raw: &mut RawSample, profile: &mut Profile) -> Option<Resolved> {
+        if self.cfg.threads {
+            self.tracker.poll_names(Instant::now());
+        }
         let cap = raw.python.take();
         let (pid, tid) = (raw.pid, raw.tid);
         let gil = self.cfg.gil;
@@ -170,10 +174,14 @@ impl PythonStage {
         } else {
             None
         };
+        let gil = gil_state(cap.as_ref());
+        if proc.names_due().is_some() {
+            self.tracker.poll_names_of(pid);
+        }
         Some(Resolved {
             py,
             thread_name,
-            gil: gil_state(cap.as_ref()),
+            gil,
         })
     }
 

@@ -2,7 +2,7 @@
 //! work a hash lookup, and its counts for the per-process summary.
 //!
 //! Owns: [`PyProc`] (the [`PythonProcess`], a (executable, instr_ptr, tlbc_index) → frame
-//! cache, a tid → thread-name cache) and its [`PyProcStats`].
+//! cache, its `--threads` names ([`ThreadNames`])) and its [`PyProcStats`].
 //! Input: the frames the eBPF program captured for one sample ([`PyCaptured`]). Output: a
 //! [`PyStack`] — frames innermost first as ids of the run's one frame table (the
 //! [`Profile`]'s), entry frames kept as merge delimiters, the `__init__` shim dropped,
@@ -25,6 +25,8 @@ use crate::lru::{FastMap, Lru};
 use crate::merge::PyItem;
 use crate::profile::{Frame, FrameId, FrameKind, Profile};
 use crate::python::code::CodeIdentity;
+
+use super::names::ThreadNames;
 use crate::python::layout::EntryRule;
 use crate::python::syspath::ShortNames;
 use crate::python::walker::{ChainItem, code_from_executable};
@@ -36,18 +38,9 @@ pub const UNKNOWN_PY_FRAME: &str = "[unknown python frame]";
 pub const INVALID_PY_FRAME: &str = "[truncated: invalid python frame]";
 /// Most cached (executable, instr_ptr, tlbc_index, code identity) keys per process.
 const MAX_FRAME_KEYS: usize = 1 << 16;
-/// Most cached thread names per process.
-const MAX_THREAD_NAMES: usize = 4096;
 /// Samples without a capture this soon after the attach are expected (taken before the
 /// kernel knew the process); later ones are counted.
 pub const CAPTURE_WARMUP: Duration = Duration::from_millis(200);
-/// Least time between two thread-list reads of one process (for names of new threads).
-const THREADS_EVERY: Duration = Duration::from_millis(100);
-/// Lookups of a Python thread's `threading` name before its OS name is final.
-const NAME_TRIES: u8 = 4;
-/// Least time between two reads when a Python thread without a known name shows up: a
-/// thread-per-request server's threads live for one request.
-const UNKNOWN_THREAD_EVERY: Duration = Duration::from_millis(5);
 /// How often `sys.path` is read again (a program may change it; until the first read works,
 /// file names are not shortened).
 const SYS_PATH_EVERY: Duration = Duration::from_secs(5);
@@ -150,15 +143,11 @@ pub struct PyProc {
     frames: Lru<(u64, u64, i32, CodeIdentity), Option<FrameId>>,
     /// `--idle`: threads seeded off a CPU (host tid → stack), until their first interval.
     pub seeds: FastMap<u32, SeedStack>,
-    thread_names: Lru<u32, Arc<str>>,
-    /// Threads named by their OS name while they ran Python: looked up again (tries so far).
-    provisional: Lru<u32, u8>,
-    threads_read_at: Option<Instant>,
+    /// `--threads` names.
+    names: ThreadNames,
     /// The short-name rule (from `sys.path`) and when it was read.
     short_names: Option<(ShortNames, Instant)>,
     sys_path_tried_at: Option<Instant>,
-    /// Whether the target shares our pid namespace (known after the first name lookup).
-    own_pidns: Option<bool>,
 }
 
 /// Why a captured frame could not be resolved.
@@ -203,12 +192,9 @@ impl PyProc {
             exited_at: None,
             frames: Lru::new(MAX_FRAME_KEYS),
             seeds: FastMap::default(),
-            thread_names: Lru::new(MAX_THREAD_NAMES),
-            provisional: Lru::new(MAX_THREAD_NAMES),
-            threads_read_at: None,
+            names: ThreadNames::default(),
             short_names: None,
             sys_path_tried_at: None,
-            own_pidns: None,
         }
     }
 
@@ -386,67 +372,24 @@ impl PyProc {
         Ok(value)
     }
 
-    /// The `threading` name of host thread `tid`, else its OS name. `python_thread` says
-    /// whether the sample showed it running Python: then a name not known yet (a thread that
-    /// just started, e.g. one per request) is looked up at once — every [`UNKNOWN_THREAD_EVERY`]
-    /// at most — and again a few times while it only has its OS name. Lookups read thread
-    /// lists and `threading._active` only; their failures (threads come and go while they
-    /// read) are not sample errors and are not counted.
+    /// The `threading` name of host thread `tid`, else its OS name (see [`ThreadNames::name`]).
     pub fn thread_name(&mut self, tid: u32, python_thread: bool) -> Option<Arc<str>> {
-        let now = Instant::now();
-        let since = self.threads_read_at.map(|t| now.duration_since(t));
-        let known = self.thread_names.get(&tid).cloned();
-        let provisional = self.provisional.contains(&tid);
-        let every = if known.is_none() && python_thread {
-            UNKNOWN_THREAD_EVERY
-        } else {
-            THREADS_EVERY
-        };
-        let may_read = since.is_none_or(|s| s >= every);
-        match known {
-            Some(n) if !provisional || !may_read => return Some(n),
-            _ => {}
-        }
-        if may_read {
-            self.threads_read_at = Some(now);
-            if let Ok(names) = self.process.thread_names() {
-                let map = self.host_tid_map(!names.is_empty());
-                for (native, name) in names {
-                    let host = u32::try_from(native).ok().and_then(|n| match &map {
-                        None => Some(n),
-                        Some(m) => m.get(&n).copied(),
-                    });
-                    if let Some(h) = host {
-                        self.thread_names.insert(h, name.into());
-                        self.provisional.remove(&h);
-                    }
-                }
-            }
-            if !self.provisional.contains(&tid)
-                && let Some(n) = self.thread_names.get(&tid)
-            {
-                return Some(n.clone());
-            }
-        }
-        let os: Arc<str> = crate::python::os_thread_name(self.process.pid(), tid)?.into();
-        self.thread_names.insert(tid, os.clone());
-        let tries = self.provisional.peek(&tid).copied().unwrap_or(0) + 1;
-        if !python_thread || tries >= NAME_TRIES {
-            self.provisional.remove(&tid);
-        } else {
-            self.provisional.insert(tid, tries);
-        }
-        Some(os)
+        self.names.name(&mut self.process, tid, python_thread)
     }
 
-    /// Native thread id (the target's pid namespace) → host tid: `None` when they are the
-    /// same (the target shares our pid namespace), else the map from `/proc/PID/task/*/status`
-    /// (read only then, and only when `needed`).
-    fn host_tid_map(&mut self, needed: bool) -> Option<std::collections::HashMap<u32, u32>> {
-        let pid = self.process.pid();
-        let own = *self.own_pidns.get_or_insert_with(|| {
-            crate::python::kernel::pid_namespace(pid).is_ok_and(|ns| ns == (0, 0))
-        });
-        (!own && needed).then(|| crate::python::host_tid_map(pid))
+    /// When the thread names of this process are next polled (`None`: not polled; never
+    /// after its exit).
+    pub fn names_due(&self) -> Option<Instant> {
+        if self.exited_at.is_some() {
+            return None;
+        }
+        self.names.due()
+    }
+
+    /// Polls the thread names when due.
+    pub fn poll_names(&mut self, now: Instant) {
+        if self.exited_at.is_none() {
+            self.names.poll(&mut self.process, now);
+        }
     }
 }

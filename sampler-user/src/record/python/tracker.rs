@@ -12,9 +12,10 @@
 //! not hold back resolution); results are matched to requests by id, so an exit or exec in
 //! between discards a stale one. Attach failures are counted by kind, never fatal; an exited
 //! process keeps its caches for [`EXIT_GRACE`] (samples taken before the exit are still
-//! arriving), then only its stats remain. Nothing here polls: retries and exit graces are kept
-//! in time order, and [`Tracker::next_due`] tells the stage when to wake for them; the negative
-//! cache is bounded.
+//! arriving), then only its stats remain. Nothing here spins: retries and exit graces are kept
+//! in time order, the `--threads` name polls of the processes whose threads come and go have
+//! their due times, and [`Tracker::next_due`] tells the stage when to wake for them; the
+//! negative cache is bounded.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -103,6 +104,9 @@ pub struct Tracker {
     pub attach_errors: BTreeMap<AttachFailure, u64>,
     /// The last such failure of each pid: its name then, and why (bounded).
     failures: HashMap<u32, (String, String)>,
+    /// `--threads`: the processes whose thread names are polled (a few at a time: only those
+    /// whose samples keep showing new threads).
+    name_polls: Vec<u32>,
     /// From an exec to the attach of the Python process it started (`PYEBPF_STATS`).
     pub exec_to_attach: crate::record::latency::Latency,
 }
@@ -152,6 +156,7 @@ impl Tracker {
             attach_errors: BTreeMap::new(),
             exec_to_attach: crate::record::latency::Latency::default(),
             failures: HashMap::new(),
+            name_polls: Vec::new(),
         }
     }
 
@@ -398,14 +403,41 @@ impl Tracker {
     pub fn next_due(&self) -> Option<Instant> {
         let retry = self.retries.first().map(|r| r.due);
         let exit = self.exits.front().map(|(t, _)| *t + EXIT_GRACE);
-        match (retry, exit) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let names = self
+            .name_polls
+            .iter()
+            .filter_map(|pid| self.procs.get(pid)?.names_due())
+            .min();
+        [retry, exit, names].into_iter().flatten().min()
+    }
+
+    /// `--threads`: process `pid` polls its thread names (see `names`) until its poll ends.
+    pub fn poll_names_of(&mut self, pid: u32) {
+        if !self.name_polls.contains(&pid) {
+            self.name_polls.push(pid);
         }
     }
 
-    /// The work due at `now`: retries after exec, exited processes after the grace.
+    /// `--threads`: the name polls due at `now` (also between the samples of a long batch, so
+    /// a busy pipeline does not delay them by the batch).
+    pub fn poll_names(&mut self, now: Instant) {
+        if self.name_polls.is_empty() {
+            return;
+        }
+        let procs = &mut self.procs;
+        self.name_polls.retain(|pid| {
+            let Some(p) = procs.get_mut(pid) else {
+                return false;
+            };
+            p.poll_names(now);
+            p.names_due().is_some()
+        });
+    }
+
+    /// The work due at `now`: retries after exec, exited processes after the grace, thread
+    /// names polled.
     pub fn tick(&mut self, now: Instant) {
+        self.poll_names(now);
         let due = self.retries.partition_point(|r| r.due <= now);
         for r in self.retries.drain(..due).collect::<Vec<_>>() {
             self.request(r.pid, Some((r.exec, r.index)), true);
