@@ -106,6 +106,18 @@ impl<K: Hash + Eq, V> Lru<K, V> {
         self.cap.get()
     }
 
+    /// Removes least recently used entries, oldest first, while `expired` says so; returns how
+    /// many. For caches whose entries are inserted in time order and looked up with
+    /// [`Self::peek`] (which does not reorder): the expired ones go without a scan.
+    pub fn pop_lru_while(&mut self, mut expired: impl FnMut(&K, &V) -> bool) -> usize {
+        let mut n = 0;
+        while self.inner.peek_lru().is_some_and(|(k, v)| expired(k, v)) {
+            self.inner.pop_lru();
+            n += 1;
+        }
+        n
+    }
+
     /// Drops every entry.
     pub fn clear(&mut self) {
         self.inner.clear();
@@ -173,6 +185,18 @@ mod tests {
         assert_eq!(c.len(), 2);
         c.retain(|k, _| *k != 1);
         assert_eq!(c.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [3]);
+        let mut t = Lru::new(10);
+        for i in 0..5 {
+            t.insert(i, i * 10);
+        }
+        assert_eq!(t.peek(&0), Some(&0), "peek does not reorder");
+        assert_eq!(t.pop_lru_while(|_, v| *v < 20), 2, "the oldest two");
+        assert_eq!(
+            t.pop_lru_while(|_, v| *v < 20),
+            0,
+            "stops at the first kept"
+        );
+        assert_eq!(t.len(), 3);
         assert_eq!(
             Lru::<u8, u8>::new(0).capacity(),
             1,

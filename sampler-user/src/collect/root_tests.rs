@@ -536,13 +536,27 @@ fn host_wide_skips_self_and_flags_kernel_threads() {
         .args(["-c", "while :; do :; done"])
         .spawn()
         .expect("spawn sh");
-    // Some kernel-thread work: dirty a file and sync it.
+    // Kernel-thread work: dirty a file and sync it (the writeback runs in kworkers), again
+    // every 200 ms until kernel threads were sampled a few times (up to 10 s): one round is
+    // sampled in about half the runs, so the flag checks below would often check nothing.
     let scratch = std::env::temp_dir().join(format!("pyebpf-collect-{own}"));
-    std::fs::write(&scratch, vec![7u8; 4 << 20]).unwrap();
-    let _ = Command::new("sync").status();
     let mut samples = Vec::new();
+    let kthread_samples = |samples: &[RawSample]| {
+        samples
+            .iter()
+            .filter(|s| s.flags & sample_flags::KERNEL_THREAD != 0)
+            .count()
+    };
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(800) {
+    let mut dirtied: Option<Instant> = None;
+    while started.elapsed() < Duration::from_millis(800)
+        || (kthread_samples(&samples) < 3 && started.elapsed() < Duration::from_secs(10))
+    {
+        if dirtied.is_none_or(|t| t.elapsed() >= Duration::from_millis(200)) {
+            dirtied = Some(Instant::now());
+            std::fs::write(&scratch, vec![7u8; 8 << 20]).unwrap();
+            let _ = Command::new("sync").status();
+        }
         collector
             .poll(Duration::from_millis(50), None, |ev| {
                 if let Event::Sample(s) = ev {
@@ -582,6 +596,11 @@ fn host_wide_skips_self_and_flags_kernel_threads() {
     assert!(
         child_samples >= 50,
         "only {child_samples} samples of an unrelated busy process"
+    );
+    assert!(
+        kthreads_seen >= 1,
+        "no kernel thread sampled in {:?} of writeback work",
+        started.elapsed()
     );
     assert_eq!(totals.get(Counter::Filtered), 0);
     assert_eq!(totals.lost_samples(), 0);

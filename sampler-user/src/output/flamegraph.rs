@@ -82,7 +82,9 @@ fn capped_lines(profile: &Profile) -> (Vec<String>, Option<(usize, u64)>) {
     let counts = profile.stack_counts();
     let mut by_depth: BTreeMap<usize, u64> = BTreeMap::new();
     for &(sid, n) in &counts {
-        *by_depth.entry(profile.stack(sid).len()).or_default() += n;
+        *by_depth
+            .entry(profile.stack_len(sid).unwrap_or(0))
+            .or_default() += n;
     }
     let total: u64 = by_depth.values().sum();
     let Some(depth) = shown_depth(&by_depth, total) else {

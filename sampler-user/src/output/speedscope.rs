@@ -64,10 +64,15 @@ impl Renderer for Speedscope {
         }
         let period_ns = 1_000_000_000 / profile.meta.rate_hz.max(1);
         let root_of = |stack: StackId| {
-            let stack = profile.stack(stack);
-            match stack.split_first() {
-                Some((r, rest)) if profile.frame(*r).kind == FrameKind::Process => (Some(*r), rest),
-                _ => (None, stack),
+            let mut stack = profile.stack(stack);
+            if stack
+                .first()
+                .is_some_and(|r| profile.frame(*r).kind == FrameKind::Process)
+            {
+                let root = stack.remove(0);
+                (Some(root), stack)
+            } else {
+                (None, stack)
             }
         };
         for (n, (pid, stacks)) in by_pid.into_iter().enumerate() {

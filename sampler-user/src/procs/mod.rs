@@ -403,6 +403,11 @@ impl ProcessRegistry {
                 }
                 Err(e) => {
                     self.count_load_error(pid, &e);
+                    // Only a recent failure holds back a retry: older ones go (oldest first),
+                    // so on a host with process churn this follows the exits of the last
+                    // second, not every pid ever seen.
+                    self.missing
+                        .pop_lru_while(|_, t| now.duration_since(*t) >= MISSING_RETRY);
                     self.missing.insert(pid, now);
                     return None;
                 }
@@ -514,6 +519,12 @@ impl ProcessRegistry {
                 false
             }
         }
+    }
+
+    /// How many processes are known (alive or exited, not reaped yet) and how many pids are
+    /// remembered as gone: what the registry holds per process (tests, memory checks).
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.entries.len(), self.missing.len())
     }
 
     /// Counted failures.

@@ -102,6 +102,22 @@ fn exit_keeps_then_reaps_and_missing_pids_are_counted() {
 }
 
 #[test]
+fn gone_pids_are_remembered_for_the_retry_delay_only() {
+    // Samples of thousands of short-lived processes that exited before they were read: the
+    // registry's memory of them follows the last second, not every pid of the run.
+    let dir = tempfile::tempdir().unwrap();
+    let mut reg = ProcessRegistry::with_proc_root(dir.path());
+    for pid in 1000..3000 {
+        assert!(reg.get_or_load(pid).is_none());
+    }
+    assert_eq!(reg.sizes(), (0, 2000));
+    std::thread::sleep(MISSING_RETRY + Duration::from_millis(50));
+    assert!(reg.get_or_load(5000).is_none());
+    assert_eq!(reg.sizes(), (0, 1), "the expired ones are dropped");
+    assert_eq!(reg.errors().get(ProcsErrorKind::Gone), 2001, "each counted");
+}
+
+#[test]
 fn injectable_proc_root_with_fake_process() {
     let dir = std::env::temp_dir().join(format!("pyebpf-fakeproc-{}", std::process::id()));
     let p = dir.join("4242");

@@ -8,12 +8,16 @@
 //! (`output`), `report`, `top` and the saved file — all render from this one model, so their
 //! counts agree.
 //!
-//! Memory follows unique things, not samples: frames, stacks and names are interned once; a
-//! sample adds to the counts of its key (stack, process, thread, names, GIL state, thread
-//! state), so a long run costs what its distinct stacks and threads cost. The per-sample
-//! timeline (time and CPU of each sample) is not kept: `record` streams it to a `.pyebpf`
-//! output as it goes, and a saved file's loader keeps it only when asked ([`Profile::timeline`],
-//! for `script` and for writing the saved format again).
+//! Memory follows unique things, not samples: frames, stacks and names are interned once (and
+//! stored once: the index that finds them holds ids, not copies); a sample adds to the counts
+//! of its key (stack, process, thread, names, GIL state, thread state), so a long run costs
+//! what its distinct stacks and threads cost. Each process is its own `comm (pid)` root, so on
+//! a host with process churn every process sampled adds its root, its stacks and its keys
+//! (measured in docs/benchmarks.md); the other stages drop what they keep per process when it
+//! exits, or bound it. The per-sample timeline (time and CPU of each sample) is not kept:
+//! `record` streams it to a `.pyebpf` output as it goes, and a saved file's loader keeps it
+//! only when asked ([`Profile::timeline`], for `script` and for writing the saved format
+//! again).
 //!
 //! Weights (`record --idle`): an off-CPU sample stands for as many sampling instants as fell in
 //! its interval ([`Sample::weight`]); every count of every output is a sum of weights (a

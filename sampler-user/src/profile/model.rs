@@ -3,12 +3,13 @@
 //! which replays the samples in their order, is the recorded one, ids and order alike).
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher as _, Hash};
 use std::sync::Arc;
 
 use super::{
     FileNames, Frame, FrameId, NameId, RunMeta, Sample, SampleKey, StackId, sanitize_label,
 };
-use crate::lru::{FastMap, FastSet};
+use crate::lru::{FastHasher, FastSet};
 
 /// The samples counted under one key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,18 +27,82 @@ impl Counts {
     }
 }
 
+/// The index of an interned list: each value is stored once, in its `Vec`; the table holds
+/// only indices into it, found by the value's hash (a map keyed by the value would hold a
+/// second copy of every frame, stack and key: on a host with process churn, where each
+/// process brings its own `comm (pid)` root, stacks and keys, that copy was most of what a
+/// process cost).
+#[derive(Default)]
+struct Index {
+    table: hashbrown::HashTable<u32>,
+    hasher: FastHasher,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Index {
+    /// The index of `value` in `list`, whose elements `key` compares.
+    fn find<T, Q: Hash + Eq + ?Sized>(
+        &self,
+        list: &[T],
+        key: impl Fn(&T) -> &Q,
+        value: &Q,
+    ) -> Option<u32> {
+        let hash = self.hasher.hash_one(value);
+        self.table
+            .find(hash, |&i| key(&list[i as usize]) == value)
+            .copied()
+    }
+
+    /// Records that `list[i]` (just pushed, not in the index yet) is at `i`.
+    fn insert<T, Q: Hash + ?Sized>(&mut self, list: &[T], key: impl Fn(&T) -> &Q, i: u32) {
+        let hasher = &self.hasher;
+        let hash = hasher.hash_one(key(&list[i as usize]));
+        self.table
+            .insert_unique(hash, i, |&j| hasher.hash_one(key(&list[j as usize])));
+    }
+
+    fn clear(&mut self) {
+        self.table.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
+/// A stack as stored: its first frame (in `record`, the `comm (pid)` root) and the rest, a
+/// tail interned on its own. Processes that run the same code share their tails, so each
+/// process's stacks cost a few bytes each, not a copy of every frame id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Stored {
+    /// The first frame (`None`: the empty stack).
+    head: Option<FrameId>,
+    /// The rest, an index into `tails`.
+    tail: u32,
+}
+
 /// Interned frames, stacks and names, and the samples counted by key.
 #[derive(Debug, Default)]
 pub struct Profile {
     frames: Vec<Frame>,
-    frame_ids: FastMap<Frame, FrameId>,
-    stacks: Vec<Box<[FrameId]>>,
-    stack_ids: FastMap<Box<[FrameId]>, StackId>,
+    frame_ids: Index,
+    stacks: Vec<Stored>,
+    stack_ids: Index,
+    /// Every stack's frames after its first.
+    tails: Vec<Box<[FrameId]>>,
+    tail_ids: Index,
     names: Vec<Arc<str>>,
-    name_ids: FastMap<Arc<str>, NameId>,
+    name_ids: Index,
     /// Counts by key, in first-seen order.
     counts: Vec<(SampleKey, Counts)>,
-    count_ids: FastMap<SampleKey, u32>,
+    count_ids: Index,
     /// Processes with samples.
     pids: FastSet<u32>,
     totals: Counts,
@@ -60,48 +125,64 @@ impl Profile {
 
     /// Interns a frame.
     pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
-        if let Some(id) = self.frame_ids.get(&frame) {
-            return *id;
+        if let Some(i) = self.frame_ids.find(&self.frames, |f| f, &frame) {
+            return FrameId(i);
         }
         let id = FrameId(u32::try_from(self.frames.len()).expect("more than 4G unique frames"));
-        self.frames.push(frame.clone());
-        self.frame_ids.insert(frame, id);
+        self.frames.push(frame);
+        self.frame_ids.insert(&self.frames, |f| f, id.0);
         id
     }
 
     /// Interns a stack given root first.
     pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
-        if let Some(id) = self.stack_ids.get(frames) {
-            return *id;
+        let stored = self.stored(frames);
+        if let Some(i) = self.stack_ids.find(&self.stacks, |s| s, &stored) {
+            return StackId(i);
         }
         let id = StackId(u32::try_from(self.stacks.len()).expect("more than 4G unique stacks"));
-        let boxed: Box<[FrameId]> = frames.into();
-        self.stacks.push(boxed.clone());
-        self.stack_ids.insert(boxed, id);
+        self.stacks.push(stored);
+        self.stack_ids.insert(&self.stacks, |s| s, id.0);
         id
+    }
+
+    /// `frames` as stored: its first frame and its interned tail.
+    fn stored(&mut self, frames: &[FrameId]) -> Stored {
+        let (head, rest) = match frames.split_first() {
+            Some((h, rest)) => (Some(*h), rest),
+            None => (None, frames),
+        };
+        let tail = if let Some(t) = self.tail_ids.find(&self.tails, |t| &**t, rest) {
+            t
+        } else {
+            let t = u32::try_from(self.tails.len()).expect("more than 4G unique stacks");
+            self.tails.push(rest.into());
+            self.tail_ids.insert(&self.tails, |t| &**t, t);
+            t
+        };
+        Stored { head, tail }
     }
 
     /// Interns a process or thread name.
     pub fn intern_name(&mut self, name: &str) -> NameId {
-        if let Some(id) = self.name_ids.get(name) {
-            return *id;
+        if let Some(i) = self.name_ids.find(&self.names, |n| &**n, name) {
+            return NameId(i);
         }
         let id = NameId(u32::try_from(self.names.len()).expect("more than 4G unique names"));
-        let name: Arc<str> = name.into();
-        self.names.push(name.clone());
-        self.name_ids.insert(name, id);
+        self.names.push(name.into());
+        self.name_ids.insert(&self.names, |n| &**n, id.0);
         id
     }
 
     /// Counts one sample under its key (and keeps it, when the profile keeps a timeline).
     pub fn add(&mut self, sample: &Sample) {
-        let i = if let Some(&i) = self.count_ids.get(&sample.key) {
+        let i = if let Some(i) = self.count_ids.find(&self.counts, |c| &c.0, &sample.key) {
             i as usize
         } else {
             let i = self.counts.len();
-            self.counts.push((sample.key, Counts::default()));
             let id = u32::try_from(i).expect("more than 4G sample keys");
-            self.count_ids.insert(sample.key, id);
+            self.counts.push((sample.key, Counts::default()));
+            self.count_ids.insert(&self.counts, |c| &c.0, id);
             self.pids.insert(sample.key.pid);
             i
         };
@@ -183,13 +264,32 @@ impl Profile {
     }
 
     /// The frames of a stack, root first.
-    pub fn stack(&self, id: StackId) -> &[FrameId] {
-        &self.stacks[id.0 as usize]
+    pub fn stack(&self, id: StackId) -> Vec<FrameId> {
+        let s = self.stacks[id.0 as usize];
+        let tail = &self.tails[s.tail as usize];
+        let mut out = Vec::with_capacity(tail.len() + 1);
+        out.extend(s.head);
+        out.extend_from_slice(tail);
+        out
     }
 
-    /// All interned stacks (root first), indexable by `StackId.0`.
-    pub fn stacks(&self) -> &[Box<[FrameId]>] {
-        &self.stacks
+    /// The depth of a stack, `None` when there is no such stack.
+    pub fn stack_len(&self, id: StackId) -> Option<usize> {
+        let s = self.stacks.get(id.0 as usize)?;
+        Some(usize::from(s.head.is_some()) + self.tails[s.tail as usize].len())
+    }
+
+    /// Number of interned stacks (their ids are `0..`).
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// Every stack, whole, in id order (tests).
+    #[cfg(test)]
+    pub(crate) fn stacks(&self) -> Vec<Box<[FrameId]>> {
+        (0..self.stacks.len())
+            .map(|i| self.stack(StackId(i as u32)).into())
+            .collect()
     }
 
     /// The name behind an id.
@@ -213,17 +313,17 @@ impl Profile {
     pub fn push_frame(&mut self, frame: Frame) -> Result<FrameId, PartsError> {
         let i = self.frames.len();
         let id = FrameId(u32::try_from(i).map_err(|_| PartsError::TooMany)?);
-        if self.frame_ids.contains_key(&frame) {
+        if self.frame_ids.find(&self.frames, |f| f, &frame).is_some() {
             return Err(PartsError::DuplicateFrame { frame: i });
         }
-        self.frames.push(frame.clone());
-        self.frame_ids.insert(frame, id);
+        self.frames.push(frame);
+        self.frame_ids.insert(&self.frames, |f| f, id.0);
         Ok(id)
     }
 
     /// Appends a stack (root first) under the next id, as [`Self::push_frame`] does frames;
     /// every frame it names must exist.
-    pub fn push_stack(&mut self, frames: Box<[FrameId]>) -> Result<StackId, PartsError> {
+    pub fn push_stack(&mut self, frames: &[FrameId]) -> Result<StackId, PartsError> {
         let i = self.stacks.len();
         let id = StackId(u32::try_from(i).map_err(|_| PartsError::TooMany)?);
         if let Some(f) = frames.iter().find(|f| f.0 as usize >= self.frames.len()) {
@@ -233,15 +333,16 @@ impl Profile {
                 frames: self.frames.len(),
             });
         }
-        if self.stack_ids.contains_key(&frames) {
+        let stored = self.stored(frames);
+        if self.stack_ids.find(&self.stacks, |s| s, &stored).is_some() {
             return Err(PartsError::DuplicateStack { stack: i });
         }
-        self.stacks.push(frames.clone());
-        self.stack_ids.insert(frames, id);
+        self.stacks.push(stored);
+        self.stack_ids.insert(&self.stacks, |s| s, id.0);
         Ok(id)
     }
 
-    /// A profile with these frames and stacks (as [`Profile::frames`] and [`Profile::stacks`]
+    /// A profile with these frames and stacks (as [`Profile::frames`] and [`Profile::stack`]
     /// return them: a saved file), keeping every id: frame `i` gets `FrameId(i)`, stack `i`
     /// `StackId(i)`, and no sample yet (see [`Self::push_frame`], [`Self::push_stack`]).
     pub fn from_parts(
@@ -254,7 +355,7 @@ impl Profile {
             p.push_frame(f)?;
         }
         for s in stacks {
-            p.push_stack(s)?;
+            p.push_stack(&s)?;
         }
         Ok(p)
     }
@@ -271,6 +372,34 @@ impl Profile {
             .filter(|(_, c)| *c > 0)
             .map(|(i, c)| (StackId(i as u32), c))
             .collect()
+    }
+
+    /// How many frames, stacks, names and sample keys are interned (each indexed once), and
+    /// how many distinct stack tails the stacks share: what the profile holds (memory checks).
+    pub fn sizes(&self) -> [usize; 5] {
+        debug_assert_eq!(
+            [
+                self.frame_ids.len(),
+                self.stack_ids.len(),
+                self.name_ids.len(),
+                self.count_ids.len(),
+                self.tail_ids.len(),
+            ],
+            [
+                self.frames.len(),
+                self.stacks.len(),
+                self.names.len(),
+                self.counts.len(),
+                self.tails.len(),
+            ]
+        );
+        [
+            self.frames.len(),
+            self.stacks.len(),
+            self.names.len(),
+            self.counts.len(),
+            self.tails.len(),
+        ]
     }
 
     /// Number of distinct processes with samples.
@@ -356,6 +485,33 @@ mod tests {
     }
 
     #[test]
+    fn stacks_share_their_tails_and_read_back_whole() {
+        let mut p = Profile::default();
+        let code: Vec<FrameId> = ["main", "run", "work"]
+            .iter()
+            .map(|n| p.intern_frame(Frame::new(FrameKind::Python, *n)))
+            .collect();
+        // 100 processes running the same code: one tail, 100 stacks.
+        for pid in 0..100 {
+            let root = p.intern_frame(Frame::new(FrameKind::Process, format!("py ({pid})")));
+            let mut stack = vec![root];
+            stack.extend(&code);
+            let id = p.intern_stack(&stack);
+            assert_eq!(p.stack(id), stack);
+            assert_eq!(p.stack_len(id), Some(4));
+            assert_eq!(p.intern_stack(&stack), id, "interned once");
+        }
+        assert_eq!(p.sizes(), [103, 100, 0, 0, 1]);
+        let empty = p.intern_stack(&[]);
+        assert_eq!((p.stack(empty), p.stack_len(empty)), (vec![], Some(0)));
+        let one = p.intern_stack(&code[..1]);
+        assert_eq!(p.stack(one), &code[..1]);
+        assert_ne!(one, empty, "a one-frame stack is not the empty one");
+        assert_eq!(p.stack_len(StackId(102)), None);
+        assert_eq!(p.stack_count(), 102);
+    }
+
+    #[test]
     fn samples_are_counted_by_key_with_interned_frames_and_stacks() {
         let mut p = Profile::default();
         sample(&mut p, &["a", "b"], 1);
@@ -398,13 +554,7 @@ mod tests {
         orig.keep_timeline();
         sample(&mut orig, &["a", "b"], 1);
         sample(&mut orig, &["a", "c"], 2);
-        let parts = || {
-            (
-                orig.meta.clone(),
-                orig.frames().to_vec(),
-                orig.stacks().to_vec(),
-            )
-        };
+        let parts = || (orig.meta.clone(), orig.frames().to_vec(), orig.stacks());
         let (meta, frames, stacks) = parts();
         let mut copy = Profile::from_parts(meta, frames, stacks).unwrap();
         for s in orig.timeline().unwrap() {

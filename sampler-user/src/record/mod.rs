@@ -37,6 +37,24 @@ use session::{Ended, Flow, Session};
 
 pub use summary::{PyProcLine, RecordSummary};
 
+/// Sets glibc's allocator up for a long run, before anything large is read: a fixed
+/// `M_MMAP_THRESHOLD` (glibc's own default, 128 KiB) keeps every large temporary — the kernel
+/// BTF at start-up, the symbol tables an attach reads — in its own mapping, returned whole when
+/// it is freed. Left dynamic, glibc raises the threshold to the largest block freed so far (the
+/// 5.5 MB BTF), so later temporaries up to that size are carved from the freeing thread's arena,
+/// whose top glibc then keeps resident (`malloc_trim` releases free chunks inside an arena but
+/// not a thread arena's top): `record --all` beside `churn.py` grew by 5 MiB in one step when
+/// a large binary was started on the host. `M_ARENA_MAX` 1: the threads share one arena (they
+/// allocate per batch and per attach, not per sample), so no thread keeps its own pages.
+pub(crate) fn tune_allocator() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets the allocator's parameters (under the allocator's own lock).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 /// Hands the allocator's free memory back to the kernel, at most once a second whoever asks
 /// (the attach workers when their queue empties, the pipeline on its timed work). glibc keeps
 /// what a thread freed in that thread's arena and returns it only from the top of the heap:
@@ -152,6 +170,7 @@ impl Stream {
 
 /// Runs `record` to completion and writes the output. `argv` is stored in the run metadata.
 pub fn run(cfg: &RecordConfig, argv: &[String]) -> Result<RecordSummary, RecordError> {
+    tune_allocator();
     let streamed = cfg.outputs.iter().any(|(_, f)| *f == Format::Pyebpf);
     let mut session = Session::start(cfg.session.clone(), argv, streamed)?;
     let mut progress = summary::Progress::new(cfg.progress);

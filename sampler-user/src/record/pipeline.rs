@@ -292,6 +292,10 @@ impl Pipeline {
     }
 }
 
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;
+
 /// The registry's failures.
 fn procs_failures(registry: &ProcessRegistry) -> Failures {
     let mut f = Failures::default();

@@ -47,6 +47,9 @@ pub const MISMATCH_MARKER: &str = "[merge mismatch]";
 const MAX_FRAMES: usize = 1 << 20;
 /// Most processes and threads whose names are cached.
 const MAX_NAMES: usize = 1 << 16;
+/// Most threads of one process whose cached names are dropped with it (the most recent; the
+/// names of older threads of a process with many leave the cache as least recently used).
+const MAX_TIDS_PER_PROCESS: usize = 64;
 
 /// What the builder needs from the run's configuration.
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,11 +80,13 @@ pub struct Staged<'a> {
     pub gil: GilState,
 }
 
-/// A process's root frame and name, as last built.
+/// A process's root frame and name, as last built, and the threads whose names are cached.
 struct Root {
     comm: Arc<str>,
     frame: FrameId,
     name: NameId,
+    /// Its threads in `thread_names` (at most [`MAX_TIDS_PER_PROCESS`], the most recent).
+    tids: Vec<u32>,
 }
 
 /// Builds profile stacks from staged samples.
@@ -130,13 +135,26 @@ impl StackBuilder {
         &self.mismatches
     }
 
-    /// Forgets per-process caches (the process exec'd or exited).
+    /// Forgets per-process caches (the process exec'd or exited): its root, its threads'
+    /// names, its native frames, eval-loop ranges, unwind and symbolization state.
     pub fn forget_process(&mut self, pid: u32) {
-        self.roots.remove(&pid);
+        if let Some(root) = self.roots.remove(&pid) {
+            for tid in root.tids {
+                self.thread_names.remove(&tid);
+            }
+        }
+        self.thread_names.remove(&pid);
         self.native_frames.retain(|(p, _), _| *p != pid);
         self.eval.forget(pid);
         self.unwinder.forget_process(pid);
         self.symbolizer.forget_process(pid);
+    }
+
+    /// How many processes and threads have cached names (tests: after every
+    /// process exited, none).
+    #[cfg(test)]
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.roots.len(), self.thread_names.len())
     }
 
     /// Builds one sample's stack into `profile`; `out` gets each [`Sample`] counted (one, or
@@ -155,8 +173,13 @@ impl StackBuilder {
         let mut stack = std::mem::take(&mut self.scratch);
         stack.clear();
         stack.push(root.0);
-        let (thread, thread_frame) =
-            self.thread(profile, raw.tid, s.thread_name.as_ref(), &thread_comm);
+        let (thread, thread_frame) = self.thread(
+            profile,
+            raw.pid,
+            raw.tid,
+            s.thread_name.as_ref(),
+            &thread_comm,
+        );
         if let Some(f) = thread_frame {
             stack.push(f);
         }
@@ -253,11 +276,11 @@ impl StackBuilder {
             // The main thread's comm is the process name; others' are thread names.
             thread_comm
         };
-        if let Some(r) = self.roots.get(&pid)
-            && *r.comm == *comm
-        {
-            return (r.frame, r.name);
-        }
+        let tids = match self.roots.get_mut(&pid) {
+            Some(r) if *r.comm == *comm => return (r.frame, r.name),
+            Some(r) => std::mem::take(&mut r.tids),
+            None => Vec::new(),
+        };
         let frame = profile.intern_frame(Frame::new(FrameKind::Process, format!("{comm} ({pid})")));
         let name = profile.intern_name(comm);
         self.roots.insert(
@@ -266,6 +289,7 @@ impl StackBuilder {
                 comm: comm.into(),
                 frame,
                 name,
+                tids,
             },
         );
         (frame, name)
@@ -276,6 +300,7 @@ impl StackBuilder {
     fn thread(
         &mut self,
         profile: &mut Profile,
+        pid: u32,
         tid: u32,
         python_name: Option<&Arc<str>>,
         comm: &str,
@@ -291,6 +316,16 @@ impl StackBuilder {
             profile.intern_frame(Frame::new(FrameKind::Thread, format!("{name} ({tid})")))
         });
         self.thread_names.insert(tid, (name.into(), id, frame));
+        // Remembered with its process, so that the process's exit drops it.
+        if tid != pid
+            && let Some(r) = self.roots.get_mut(&pid)
+            && !r.tids.contains(&tid)
+        {
+            if r.tids.len() >= MAX_TIDS_PER_PROCESS {
+                r.tids.remove(0);
+            }
+            r.tids.push(tid);
+        }
         (id, frame)
     }
 

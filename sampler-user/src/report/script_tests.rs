@@ -361,7 +361,7 @@ fn inferno_expected(p: &Profile) -> BTreeMap<String, u64> {
             p.comm(&s.key).replace(' ', "_"),
             s.key.pid
         )];
-        for id in p.stack(s.key.stack) {
+        for id in &p.stack(s.key.stack) {
             let f = p.frame(*id);
             let name = match f.kind {
                 FrameKind::Process | FrameKind::Thread => continue,

@@ -237,7 +237,7 @@ pub fn build(profile: &Profile, cfg: &Config) -> Table {
     let mut scratch = Vec::with_capacity(cfg.keys.len());
     for ((sid, parts), &count) in &groups {
         let stack = profile.stack(*sid);
-        let leaf_keys = leaf(profile, stack)
+        let leaf_keys = leaf(profile, &stack)
             .and_then(|i| frames.get(stack[i].0 as usize))
             .unwrap_or(frames.unknown());
         tuple(&cfg.keys, parts, leaf_keys, &mut scratch);
@@ -247,7 +247,7 @@ pub fn build(profile: &Profile, cfg: &Config) -> Table {
             rows.insert(scratch.as_slice().into(), (count, 0));
         }
         if cfg.children {
-            for (t, _) in frame_tuples(profile, cfg, &frames, stack, parts) {
+            for (t, _) in frame_tuples(profile, cfg, &frames, &stack, parts) {
                 rows.entry(t).or_default().1 += count;
             }
         }
@@ -306,7 +306,7 @@ fn add_graphs(
             continue;
         }
         if cfg.children {
-            for (t, at) in frame_tuples(profile, cfg, frames, stack, parts) {
+            for (t, at) in frame_tuples(profile, cfg, frames, &stack, parts) {
                 if let Some(&row) = index.get(&t) {
                     let tree = &mut trees[row];
                     match order {
@@ -318,7 +318,7 @@ fn add_graphs(
                 }
             }
         } else {
-            let at = leaf(profile, stack);
+            let at = leaf(profile, &stack);
             let keys = at
                 .and_then(|i| frames.get(stack[i].0 as usize))
                 .unwrap_or(frames.unknown());

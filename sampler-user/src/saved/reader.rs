@@ -319,11 +319,7 @@ impl Builder {
         // without building its samples.
         let mut refs = 0u64;
         for &stack in &cols.stack {
-            refs += self
-                .profile
-                .stacks()
-                .get(stack as usize)
-                .map_or(0, |s| s.len() as u64);
+            refs += self.profile.stack_len(StackId(stack)).unwrap_or(0) as u64;
         }
         self.check_cost(read, cols.stack.len() as u64, refs)?;
         self.samples(&cols)
@@ -362,7 +358,7 @@ impl Builder {
     }
 
     fn stack(&mut self, s: schema::Stack) -> Result<(), FormatError> {
-        let i = self.profile.stacks().len();
+        let i = self.profile.stack_count();
         if s.frames.len() > MAX_STACK_DEPTH {
             return Err(corrupt(format!(
                 "stack {i} is {} frames deep (at most {MAX_STACK_DEPTH})",
@@ -380,7 +376,7 @@ impl Builder {
         }
         self.stack_text += text;
         self.profile
-            .push_stack(s.frames.into_iter().map(FrameId).collect())
+            .push_stack(&s.frames.into_iter().map(FrameId).collect::<Vec<_>>())
             .map_err(|e| corrupt(e.to_string()))?;
         Ok(())
     }
@@ -419,17 +415,12 @@ impl Builder {
                 corrupt(format!("sample {at} has unknown GIL state {}", cols.gil[i]))
             })?;
             let stack = cols.stack[i];
-            let depth = self
-                .profile
-                .stacks()
-                .get(stack as usize)
-                .map(|s| s.len())
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "sample {at} refers to stack {stack}, but there are {} stacks",
-                        self.profile.stacks().len()
-                    ))
-                })?;
+            let depth = self.profile.stack_len(StackId(stack)).ok_or_else(|| {
+                corrupt(format!(
+                    "sample {at} refers to stack {stack}, but there are {} stacks",
+                    self.profile.stack_count()
+                ))
+            })?;
             self.frame_refs += depth as u64;
             let state = match cols.state.get(i) {
                 None => ThreadState::OnCpu,

@@ -16,7 +16,7 @@ use super::{
     ChunkKind, FORMAT_VERSION, FORMAT_VERSION_PLAIN, MAGIC, WRITER, gil_to_wire, kind_to_wire,
     schema, state_to_wire,
 };
-use crate::profile::{NameId, Profile, RunMeta, Sample};
+use crate::profile::{NameId, Profile, RunMeta, Sample, StackId};
 
 /// Samples per chunk when a whole profile is saved at once ([`write_profile`]).
 pub const SAMPLES_PER_CHUNK: usize = 1 << 16;
@@ -68,11 +68,9 @@ impl<W: Write> SavedWriter<W> {
     /// Writes one chunk: the frames and stacks of `profile` not written yet, and `samples`
     /// (keyed in `profile`). Nothing is written for an empty batch.
     pub fn write_batch(&mut self, profile: &Profile, samples: &[Sample]) -> io::Result<()> {
-        let (frames, stacks) = (profile.frames(), profile.stacks());
-        let (new_frames, new_stacks) = (
-            frames.get(self.frames..).unwrap_or_default(),
-            stacks.get(self.stacks..).unwrap_or_default(),
-        );
+        let frames = profile.frames();
+        let new_frames = frames.get(self.frames..).unwrap_or_default();
+        let new_stacks = self.stacks..profile.stack_count().max(self.stacks);
         if new_frames.is_empty() && new_stacks.is_empty() && samples.is_empty() {
             return Ok(());
         }
@@ -103,9 +101,12 @@ impl<W: Write> SavedWriter<W> {
             })
             .collect::<io::Result<Vec<_>>>()?;
         let stacks_msg = new_stacks
-            .iter()
-            .map(|s| schema::Stack {
-                frames: s.iter().map(|f| f.0).collect(),
+            .map(|i| schema::Stack {
+                frames: profile
+                    .stack(StackId(i as u32))
+                    .iter()
+                    .map(|f| f.0)
+                    .collect(),
             })
             .collect();
         let cols = self.columns(profile, samples)?;
@@ -118,7 +119,7 @@ impl<W: Write> SavedWriter<W> {
         };
         write_chunk(&mut self.out, ChunkKind::Batch, &msg)?;
         self.frames = frames.len();
-        self.stacks = stacks.len();
+        self.stacks = profile.stack_count();
         self.samples += samples.len() as u64;
         Ok(())
     }

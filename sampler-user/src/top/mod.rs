@@ -226,6 +226,7 @@ impl App {
 pub fn run(cfg: &TopConfig) -> Result<(), TopError> {
     require_terminal()?;
     eprintln!("pyebpf: top: loading the eBPF program...");
+    crate::record::tune_allocator();
     let mut session = Session::start(cfg.session.clone(), &[], false)?;
     let mut app = App {
         agg: Aggregator::default(),

@@ -274,7 +274,7 @@ impl Aggregator {
         let full = profile.stack(s.stack);
         let stack = match full.split_last() {
             Some((last, rest)) if profile.frame(*last).kind == FrameKind::State => rest,
-            _ => full,
+            _ => &full[..],
         };
         let is_root = |id: &FrameId| {
             matches!(

@@ -44,8 +44,10 @@ const RETRY_AFTER_EXEC: [Duration; 8] = [
 ];
 /// Most pids remembered as "not Python".
 const MAX_NEGATIVE: usize = 1 << 16;
-/// Most finished (exited) Python processes whose stats are kept one by one.
-const MAX_FINISHED: usize = 4096;
+/// Most finished (exited) Python processes whose stats are kept one by one: the most sampled
+/// (the summary lists the 50 with the most samples, and sums the rest on one line); the others
+/// are summed as they go, so a run with process churn keeps this many, not one per process.
+const MAX_FINISHED: usize = 256;
 
 /// Where attached processes are announced to the kernel (`PY_PROCS`).
 pub trait PyProcSink {
@@ -391,11 +393,40 @@ impl Tracker {
         {
             sink.remove(pid);
         }
-        if self.finished.len() < MAX_FINISHED {
-            self.finished.push((pid, p.stats));
-        } else {
-            self.finished_overflow.merge(&p.stats);
+        self.finished.push((pid, p.stats));
+        if self.finished.len() > MAX_FINISHED {
+            self.sum_least_sampled();
         }
+    }
+
+    /// Moves the finished process with the fewest samples (the last of the summary's order:
+    /// most samples, then lowest pid) into the overflow sum — one whose version and layout
+    /// family another kept process shares, so that the summary's list of the families walked
+    /// stays whole (with more processes kept than there are families, there is one).
+    fn sum_least_sampled(&mut self) {
+        fn family(s: &PyProcStats) -> (&str, &'static str) {
+            (s.version.as_str(), s.family)
+        }
+        let mut seen: Vec<((&str, &'static str), usize)> = Vec::new();
+        for (_, s) in &self.finished {
+            let f = family(s);
+            match seen.iter_mut().find(|(g, _)| *g == f) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((f, 1)),
+            }
+        }
+        let shared = |s: &PyProcStats| {
+            let f = family(s);
+            seen.iter().any(|(g, n)| *g == f && *n > 1)
+        };
+        let order = |&(i, (pid, s)): &(usize, &(u32, PyProcStats))| {
+            (!shared(s), s.samples, std::cmp::Reverse(*pid), i)
+        };
+        let Some((victim, _)) = self.finished.iter().enumerate().min_by_key(order) else {
+            return;
+        };
+        let (_, stats) = self.finished.swap_remove(victim);
+        self.finished_overflow.merge(&stats);
     }
 
     /// When [`Self::tick`] has work: the next retry after an exec or the end of an exit's
@@ -452,6 +483,22 @@ impl Tracker {
                 self.drop_proc(pid, false);
             }
         }
+    }
+
+    /// What the tracker holds per process: attached processes, attaches in flight, "not
+    /// Python" verdicts, retries, exits in their grace, finished processes' stats and attach
+    /// failures (tests).
+    #[cfg(test)]
+    pub fn sizes(&self) -> [usize; 7] {
+        [
+            self.procs.len(),
+            self.pending.len(),
+            self.negative.len(),
+            self.retries.len(),
+            self.exits.len(),
+            self.finished.len(),
+            self.failures.len(),
+        ]
     }
 
     /// Whether retries are scheduled.
@@ -679,6 +726,48 @@ mod tests {
         // The machine may be loaded: the spinner gets some CPU, the sleeper next to none.
         assert!(b > 0.05 && b > 5.0 * i, "busy {b}, idle {i}");
         assert!(cpu_share(u32::MAX - 3).is_none());
+    }
+
+    #[test]
+    fn finished_processes_are_bounded_keeping_the_most_sampled_and_every_family() {
+        let (mut t, _rx) = tracker(Box::new(Log::default()));
+        let stats = |version: &str, samples| PyProcStats {
+            version: version.into(),
+            family: "f",
+            samples,
+            ..PyProcStats::default()
+        };
+        // One 3.8 process with the fewest samples, then 2000 3.12 ones (process churn).
+        t.finished.push((1, stats("3.8", 0)));
+        let churn: Vec<(u32, u64)> = (2..2002u32).map(|p| (p, u64::from(p % 97))).collect();
+        for &(pid, n) in &churn {
+            t.finished.push((pid, stats("3.12", n)));
+            if t.finished.len() > MAX_FINISHED {
+                t.sum_least_sampled();
+            }
+        }
+        assert_eq!(t.finished.len(), MAX_FINISHED, "bounded");
+        assert!(
+            t.finished
+                .iter()
+                .any(|(p, s)| *p == 1 && s.version == "3.8"),
+            "every version and family walked stays listed"
+        );
+        // The 3.12 ones kept are the first of the summary's order: most samples, lowest pid.
+        let mut expected = churn.clone();
+        expected.sort_by_key(|&(p, n)| (std::cmp::Reverse(n), p));
+        let mut expected: Vec<u32> = expected[..MAX_FINISHED - 1].iter().map(|x| x.0).collect();
+        expected.sort_unstable();
+        let mut kept: Vec<u32> = t.finished.iter().map(|x| x.0).filter(|p| *p != 1).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, expected);
+        let total: u64 = churn.iter().map(|x| x.1).sum();
+        let kept_samples: u64 = t.finished.iter().map(|x| x.1.samples).sum();
+        assert_eq!(
+            kept_samples + t.finished_overflow.samples,
+            total,
+            "the others are summed, not lost"
+        );
     }
 
     #[test]
