@@ -412,14 +412,20 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
                     "n/a".into()
                 }
             };
+            let native = match &o.native {
+                Ok((bad, all)) => format!(
+                    "{bad} of {all} ({:.2} %)",
+                    *bad as f64 * 100.0 / (*all).max(1) as f64
+                ),
+                Err(e) => format!("n/a: {e}"),
+            };
             say_progress(
                 &label,
                 &Ok(format!(
-                    "{} / {theirs} samples, leaf {}, junk {}, --native mismatches {:?}",
+                    "{} / {theirs} samples, leaf {}, junk {}, --native mismatches {native}",
                     o.ours.total,
                     fmt(worst_leaf.clone()),
                     o.ours.junk,
-                    o.native
                 )),
             );
             summary.row(vec![
@@ -435,13 +441,7 @@ pub fn measure(ctx: &Ctx) -> Vec<Table> {
                     o.svg_height.map_or_else(|| "?".into(), |h| h.to_string()),
                     svg_height_for(o.max_depth + 1)
                 ),
-                match o.native {
-                    Ok((bad, all)) => format!(
-                        "{bad} of {all} ({:.2} %)",
-                        bad as f64 * 100.0 / all.max(1) as f64
-                    ),
-                    Err(e) => format!("n/a: {e}"),
-                },
+                native,
             ]);
         }
     }
