@@ -631,17 +631,6 @@ fn kernel_flags_and_counts_unusable_entries() {
     drop(spinner);
 }
 
-/// `CLOCK_MONOTONIC` in ns, the clock of the samples' `time_ns` (`bpf_ktime_get_ns`).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into our timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 /// Up to 60 Python captures of `pid` taken after `since` (ns), and how many earlier ones came.
 fn captures_after(
     collector: &mut Collector,
@@ -734,7 +723,7 @@ fn kernel_stops_at_the_first_invalid_frame() {
             // kernel, many): only those taken after it count.
             // The counters first: every sample after `swapped` is then in their difference.
             let before = collector.counters().unwrap();
-            let swapped = monotonic_ns();
+            let swapped = crate::record::monotonic_ns();
             let (caps, earlier) = captures_after(&mut collector, pid, swapped);
             let after = collector.counters().unwrap();
             let invalid =

@@ -293,17 +293,9 @@ fn run(c: &mut Collector, tx: &Sender<Input>, sh: &Shared) -> Result<(), Collect
 impl Drain {
     /// Ends the hold of [`start`]: samples from now on are part of the run.
     pub fn begin_now(&self) {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes into our timespec. CLOCK_MONOTONIC is the clock of
-        // bpf_ktime_get_ns.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-        let now = (ts.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as u64);
-        self.start_ns.store(now, Ordering::Release);
+        // CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+        self.start_ns
+            .store(super::idle::monotonic_ns(), Ordering::Release);
     }
 
     /// Stops the thread after a final drain (its last messages, then [`Input::DrainEnded`],

@@ -35,6 +35,8 @@ use crate::profile::{Profile, Sample};
 use crate::saved::SavedWriter;
 use session::{Ended, Flow, Session};
 
+#[cfg(test)]
+pub(crate) use idle::monotonic_ns;
 pub use summary::{PyProcLine, RecordSummary};
 
 /// Sets glibc's allocator up for a long run, before anything large is read: a fixed

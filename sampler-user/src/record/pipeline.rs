@@ -139,9 +139,13 @@ impl Pipeline {
             Input::Batch(batch) => {
                 let drained = samples_in(&batch);
                 let t0 = Instant::now();
+                // One clock read per batch: building a batch takes microseconds.
+                let now_ns = super::idle::monotonic_ns();
                 for item in batch {
                     match item {
-                        Drained::Sample(raw, kernel) => self.sample(raw, kernel.as_deref()),
+                        Drained::Sample(raw, kernel) => {
+                            self.sample(raw, kernel.as_deref(), now_ns);
+                        }
                         Drained::Proc(ev) => self.process_event(&ev),
                     }
                 }
@@ -219,11 +223,10 @@ impl Pipeline {
     }
 
     /// One drained sample through the stages.
-    fn sample(&mut self, mut raw: RawSample, kernel: Option<&[u64]>) {
+    /// `now_ns`: when its batch was taken up (`CLOCK_MONOTONIC`, the samples' clock).
+    fn sample(&mut self, mut raw: RawSample, kernel: Option<&[u64]>, now_ns: u64) {
         if raw.off_cpu.is_none() {
-            // The sample's clock (`bpf_ktime_get_ns`) is CLOCK_MONOTONIC.
-            self.lag
-                .add_ns(super::idle::monotonic_ns().saturating_sub(raw.time_ns));
+            self.lag.add_ns(now_ns.saturating_sub(raw.time_ns));
         }
         if self.python.after_accounted(&mut raw) {
             self.build(raw, kernel);
