@@ -208,7 +208,9 @@ const MAX_UNWIND_FRAMES: usize = 256;
 /// pointer, stack pointer and frame pointer, then the stack bytes (also scanned as the
 /// function's code).
 pub fn eh_frame(data: &[u8]) {
-    use framehop::x86_64::{UnwindRegsX86_64, UnwinderX86_64};
+    use crate::unwind::cfi_guard::{self, Verdict};
+    use crate::unwind::{Cache, Unwinder};
+    use framehop::x86_64::UnwindRegsX86_64;
     use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
 
     let word = |at: usize| -> Option<u64> {
@@ -232,16 +234,23 @@ pub fn eh_frame(data: &[u8]) {
     let fdes = ehframe::fdes(section, addr);
     let _ = ehframe::jumped_fragments(stack, ip, &fdes);
 
-    let bytes: Arc<[u8]> = Arc::from(section);
     let base = addr & !0xfff;
+    let text = base..addr;
+    let eh_frame_svma = addr..addr.saturating_add(section.len() as u64);
+    // As `unwind::modules`: framehop never sees a section the guard withholds.
+    let bases = cfi_guard::bases(Some(&eh_frame_svma), None, Some(&text), None);
+    if cfi_guard::check_eh_frame(section, None, &bases) != Verdict::Safe {
+        return;
+    }
+    let bytes: Arc<[u8]> = Arc::from(section);
     let info = ExplicitModuleSectionInfo {
         base_svma: base,
-        text_svma: Some(base..addr),
-        eh_frame_svma: Some(addr..addr.saturating_add(section.len() as u64)),
+        text_svma: Some(text),
+        eh_frame_svma: Some(eh_frame_svma),
         eh_frame: Some(bytes),
         ..ExplicitModuleSectionInfo::default()
     };
-    let mut unwinder = UnwinderX86_64::new();
+    let mut unwinder = Unwinder::new();
     unwinder.add_module(Module::new(
         "fuzz".to_owned(),
         base..addr
@@ -250,7 +259,7 @@ pub fn eh_frame(data: &[u8]) {
         base,
         info,
     ));
-    let mut cache = framehop::x86_64::CacheX86_64::<_>::new();
+    let mut cache = Cache::new_in();
     let mut read_stack = |a: u64| -> Result<u64, ()> {
         let off = usize::try_from(a.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
         let w = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;

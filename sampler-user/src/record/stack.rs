@@ -35,7 +35,7 @@ use crate::profile::{
 };
 use crate::python::Detected;
 use crate::symbolize::Symbolizer;
-use crate::unwind::NativeUnwinder;
+use crate::unwind::{NativeUnwinder, UnwindFailure};
 
 use super::python::PyStack;
 
@@ -101,6 +101,8 @@ pub struct StackBuilder {
     /// tid → (name, its id, its `--threads` frame).
     thread_names: Lru<u32, (Arc<str>, NameId, Option<FrameId>)>,
     failures: Failures,
+    /// Files whose unwind sections the unwinder withheld, as already counted in `failures`.
+    withheld_counted: u64,
     mismatches: FastMap<u32, u64>,
     scratch: Vec<FrameId>,
     native_scratch: Vec<NativeItem<FrameId>>,
@@ -119,6 +121,7 @@ impl StackBuilder {
             roots: Lru::new(MAX_NAMES),
             thread_names: Lru::new(MAX_NAMES),
             failures: Failures::default(),
+            withheld_counted: 0,
             mismatches: FastMap::default(),
             scratch: Vec::new(),
             native_scratch: Vec::new(),
@@ -351,6 +354,15 @@ impl StackBuilder {
             .unwind(registry, s.pid, &s.regs, copy, MAX_NATIVE_FRAMES);
         if let Some(e) = &native.error {
             self.failures.one(Failure::Unwind(e.kind()));
+        }
+        // A file whose unwind section was withheld (counted once per load).
+        let withheld = self.unwinder.stats().modules.unsafe_unwind_info;
+        if withheld > self.withheld_counted {
+            self.failures.add(
+                Failure::Unwind(UnwindFailure::UnsafeUnwindInfo),
+                withheld - self.withheld_counted,
+            );
+            self.withheld_counted = withheld;
         }
         let Some(proc) = registry.get(s.pid) else {
             return native.truncated;

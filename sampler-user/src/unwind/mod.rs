@@ -12,6 +12,7 @@
 //! address in no executable mapping triggers one rate-limited mapping refresh (a `dlopen` since
 //! the last read) and is otherwise treated as garbage: the stack is cut there.
 
+pub mod cfi_guard;
 pub mod modules;
 #[cfg(test)]
 mod ns_tests;
@@ -23,7 +24,7 @@ mod tests;
 use std::collections::HashMap;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{FrameAddress, Module, Unwinder as _};
+use framehop::{FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder as _};
 use sampler_common::UserRegs;
 
 use crate::lru::Lru;
@@ -36,6 +37,15 @@ pub const DEFAULT_MAX_FRAMES: usize = 256;
 /// host-wide run sees many short-lived processes, and `forget_process` may not be called for
 /// every one of them).
 const MAX_PROCS: usize = 4096;
+
+/// framehop's gimli storage: fixed arrays, not vectors. A DWARF expression's value stack holds
+/// at most 64 values, so no expression can grow memory (see [`cfi_guard`]); the unwind context
+/// has the same bounds as gimli's on-heap storage (192 register rules, 4 remembered rows).
+pub type Policy = MustNotAllocateDuringUnwind;
+/// One process's framehop unwinder.
+pub type Unwinder = UnwinderX86_64<SectionBytes, Policy>;
+/// framehop's rule cache and gimli context, shared by every process.
+pub type Cache = CacheX86_64<Policy>;
 
 /// Read access to a copied user stack (implemented by `collect::StackCopy`).
 pub trait StackBytes {
@@ -137,17 +147,22 @@ pub enum UnwindFailure {
     Framehop,
     /// [`UnwindError::TooDeep`].
     TooDeep,
+    /// Not a failed unwind but a file (counted once when it is read): its `.eh_frame` or
+    /// `.debug_frame` holds a DWARF expression that branches or is too long, so framehop was not
+    /// given it and the file unwinds with frame pointers ([`cfi_guard`]).
+    UnsafeUnwindInfo,
 }
 
 impl UnwindFailure {
     /// Every kind.
-    pub const ALL: [UnwindFailure; 6] = [
+    pub const ALL: [UnwindFailure; 7] = [
         Self::ProcessGone,
         Self::NoInstructionPointer,
         Self::StackRead,
         Self::UnmappedAddress,
         Self::Framehop,
         Self::TooDeep,
+        Self::UnsafeUnwindInfo,
     ];
 
     /// Short stable name for counters.
@@ -159,6 +174,7 @@ impl UnwindFailure {
             Self::UnmappedAddress => "unwind_unmapped_address",
             Self::Framehop => "unwind_framehop",
             Self::TooDeep => "unwind_too_deep",
+            Self::UnsafeUnwindInfo => "unwind_section_withheld",
         }
     }
 }
@@ -206,7 +222,7 @@ pub struct UnwindStats {
 struct ProcState {
     start_time_ticks: u64,
     mappings_generation: u64,
-    unwinder: UnwinderX86_64<SectionBytes>,
+    unwinder: Unwinder,
     modules: HashMap<MappingKey, Module<SectionBytes>>,
     /// Sorted, executable mapping ranges (file-backed or not).
     exec_ranges: Vec<(u64, u64)>,
@@ -222,7 +238,7 @@ impl ProcState {
 /// The native unwinder for all processes.
 pub struct NativeUnwinder {
     builder: ModuleBuilder,
-    cache: CacheX86_64,
+    cache: Cache,
     procs: Lru<u32, ProcState>,
     stats: UnwindStats,
 }
@@ -244,7 +260,7 @@ impl NativeUnwinder {
     pub fn new() -> Self {
         Self {
             builder: ModuleBuilder::default(),
-            cache: CacheX86_64::new(),
+            cache: Cache::new_in(),
             procs: Lru::new(MAX_PROCS),
             stats: UnwindStats::default(),
         }
@@ -336,7 +352,7 @@ impl NativeUnwinder {
             .map(|s| s.modules)
             .unwrap_or_default();
         let modules = self.builder.modules_for(proc, &previous);
-        let mut unwinder = UnwinderX86_64::new();
+        let mut unwinder = Unwinder::new();
         for m in modules.values() {
             unwinder.add_module(m.clone());
         }

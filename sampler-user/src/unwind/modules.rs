@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 
+use super::cfi_guard::{self, Verdict};
 use crate::lru::Lru;
 use crate::procs::elf::{ElfInfo, ReadAt, read_elf_info, read_section};
 use crate::procs::{FileId, Mapping, Process, read_own_vdso};
@@ -41,6 +42,8 @@ pub struct FileUnwindData {
     eh_frame: Option<SectionBytes>,
     eh_frame_hdr: Option<SectionBytes>,
     debug_frame: Option<SectionBytes>,
+    /// What [`cfi_guard`] kept from framehop: `Unsafe` (a section) or `WithoutHdr`.
+    withheld: Option<Verdict>,
 }
 
 impl FileUnwindData {
@@ -54,25 +57,63 @@ impl FileUnwindData {
             elf.section(name)
                 .map(crate::procs::elf::Section::svma_range)
         };
-        let eh_frame = read(b".eh_frame");
-        let eh_frame_hdr = eh_frame.as_ref().and_then(|_| read(b".eh_frame_hdr"));
+        let text_svma = range(b".text");
+        let got_svma = range(b".got");
+        let eh_frame_svma = range(b".eh_frame");
+        let eh_frame_hdr_svma = range(b".eh_frame_hdr");
+        // The base addresses framehop will use (from the same ranges `module_for` gives it).
+        let bases = cfi_guard::bases(
+            eh_frame_svma.as_ref(),
+            eh_frame_hdr_svma.as_ref(),
+            text_svma.as_ref(),
+            got_svma.as_ref(),
+        );
+        let mut withheld = None;
+        let mut eh_frame = read(b".eh_frame");
+        let mut eh_frame_hdr = eh_frame.as_ref().and_then(|_| read(b".eh_frame_hdr"));
+        if let Some(eh) = &eh_frame {
+            match cfi_guard::check_eh_frame(eh, eh_frame_hdr.as_deref(), &bases) {
+                Verdict::Safe => {}
+                Verdict::WithoutHdr => {
+                    eh_frame_hdr = None;
+                    withheld = Some(Verdict::WithoutHdr);
+                }
+                Verdict::Unsafe => {
+                    eh_frame = None;
+                    eh_frame_hdr = None;
+                    withheld = Some(Verdict::Unsafe);
+                }
+            }
+        }
         // framehop uses .debug_frame only without .eh_frame; don't read it otherwise.
         let debug_frame = if eh_frame.is_none() {
-            read(b".debug_frame")
+            read(b".debug_frame").filter(|d| {
+                let safe = cfi_guard::check_debug_frame(d, &bases) == Verdict::Safe;
+                if !safe {
+                    withheld = Some(Verdict::Unsafe);
+                }
+                safe
+            })
         } else {
             None
         };
         Self {
             base_svma: elf.base_svma(),
-            text_svma: range(b".text"),
-            got_svma: range(b".got"),
-            eh_frame_svma: range(b".eh_frame"),
-            eh_frame_hdr_svma: range(b".eh_frame_hdr"),
+            text_svma,
+            got_svma,
+            eh_frame_svma,
+            eh_frame_hdr_svma,
             eh_frame,
             eh_frame_hdr,
             debug_frame,
+            withheld,
             elf,
         }
+    }
+
+    /// What the unwind-section check kept from framehop, if anything.
+    pub fn withheld(&self) -> Option<Verdict> {
+        self.withheld
     }
 
     /// Whether any unwind section was found.
@@ -118,6 +159,11 @@ pub struct ModuleStats {
     pub no_unwind_info: u64,
     /// Mappings whose file offset is in no `PT_LOAD`.
     pub no_bias: u64,
+    /// Files whose `.eh_frame`/`.debug_frame` was withheld from framehop: an expression that
+    /// branches or is too long (see [`cfi_guard`]); they unwind with frame pointers.
+    pub unsafe_unwind_info: u64,
+    /// Files whose `.eh_frame_hdr` table was withheld (it names an FDE the check did not see).
+    pub hdr_withheld: u64,
 }
 
 /// Our own vDSO image, read at most once.
@@ -204,6 +250,11 @@ impl ModuleBuilder {
         let data = if let Some(elf) = opened.elf {
             let d = FileUnwindData::load(&opened.file, elf);
             self.stats.files_loaded += 1;
+            match d.withheld() {
+                Some(Verdict::Unsafe) => self.stats.unsafe_unwind_info += 1,
+                Some(Verdict::WithoutHdr) => self.stats.hdr_withheld += 1,
+                Some(Verdict::Safe) | None => {}
+            }
             if !d.has_unwind_info() {
                 self.stats.no_unwind_info += 1;
             }
