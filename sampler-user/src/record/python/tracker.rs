@@ -515,17 +515,15 @@ impl Tracker {
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
-        let mut pids: Vec<(u32, f64)> = dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                !self.procs.contains_key(pid)
-                    && !self.pending.contains_key(pid)
-                    && !self.negative.contains(pid)
-            })
-            .map(|pid| (pid, cpu_share(pid).unwrap_or(0.0)))
-            .collect();
-        pids.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let pids = busiest_first(
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    !self.procs.contains_key(pid)
+                        && !self.pending.contains_key(pid)
+                        && !self.negative.contains(pid)
+                }),
+        );
         let busy = pids
             .iter()
             .filter(|(_, share)| *share >= 0.05)
@@ -548,6 +546,15 @@ impl Tracker {
             .then_some(std::mem::take(&mut self.finished_overflow));
         (std::mem::take(&mut self.finished), overflow)
     }
+}
+
+/// `pids` with their CPU share ([`cpu_share`]; 0 when unreadable), the busiest first.
+fn busiest_first(pids: impl Iterator<Item = u32>) -> Vec<(u32, f64)> {
+    let mut pids: Vec<(u32, f64)> = pids
+        .map(|pid| (pid, cpu_share(pid).unwrap_or(0.0)))
+        .collect();
+    pids.sort_by(|a, b| b.1.total_cmp(&a.1));
+    pids
 }
 
 /// CPU time over lifetime of `pid` (both in clock ticks, from `/proc/PID/stat`).
@@ -726,6 +733,14 @@ mod tests {
         // The machine may be loaded: the spinner gets some CPU, the sleeper next to none.
         assert!(b > 0.05 && b > 5.0 * i, "busy {b}, idle {i}");
         assert!(cpu_share(u32::MAX - 3).is_none());
+        // The order `scan_all` queues them in: the spinner first, whatever the input order.
+        let gone = u32::MAX - 3;
+        let order: Vec<u32> = busiest_first([idle.0.id(), gone, busy.0.id()].into_iter())
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect();
+        assert_eq!(order[0], busy.0.id(), "{order:?}");
+        assert_eq!(order.len(), 3, "an unreadable pid is queued too (as idle)");
     }
 
     #[test]
