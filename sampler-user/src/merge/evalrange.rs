@@ -227,8 +227,15 @@ pub fn fragments_from_eh_frame(r: &(impl ReadAt + ?Sized), known: &[EvalRange]) 
         if len == 0 || len > MAX_SCANNED_CODE || k.end > sec.svma_range().end {
             continue;
         }
+        // The section header is untrusted: its file offset may be anything.
+        let Some(offset) = k
+            .start
+            .checked_sub(sec.addr)
+            .and_then(|d| sec.offset.checked_add(d))
+        else {
+            continue;
+        };
         let mut code = vec![0u8; len as usize];
-        let offset = sec.offset + (k.start - sec.addr);
         if !matches!(r.read_at(&mut code, offset), Ok(n) if n == code.len()) {
             continue;
         }
