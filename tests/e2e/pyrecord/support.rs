@@ -88,6 +88,14 @@ impl Installed {
         let source = std::fs::read_to_string(workload(&rel)).unwrap();
         std::fs::write(host_dir.join(script), &source).unwrap();
         std::fs::copy(workload("py/harness.py"), host_dir.join("harness.py")).unwrap();
+        if rel.starts_with("realworld/") {
+            // The real-world workloads' shared loop protocol.
+            std::fs::copy(
+                workload("realworld/measured_loop.py"),
+                host_dir.join("measured_loop.py"),
+            )
+            .unwrap();
+        }
         Installed {
             script: format!("{inner_dir}/{script}"),
             inner_dir,

@@ -6,20 +6,17 @@ stack holds one eval loop per Python → C → Python hop.
 
 Usage: python stdlib_c_loop.py READY_FILE [SECONDS]
 
-Same protocol as `sympy_loop.py`: two iterations run under `sys.setprofile` to measure the
-deepest Python stack (`max_depth`), the ready file (JSON: `pid`, `max_depth`, `version`) is
-written, then the loop runs until SECONDS have passed (default: until killed). An interpreter
-built without `sqlite3` skips that part.
+The ready file and the loop: `measured_loop.py`. An interpreter built without `sqlite3` skips
+that part.
 """
 
 import hashlib
 import json
-import os
 import pickle
 import re
-import sys
-import time
 import zlib
+
+from measured_loop import run
 
 try:
     import sqlite3
@@ -74,54 +71,5 @@ def work():
         db.close()
 
 
-def depth_of(frame):
-    n = 0
-    while frame is not None:
-        n += 1
-        frame = frame.f_back
-    return n
-
-
-def deepest(iterations):
-    """The deepest Python stack reached while running `work` `iterations` times."""
-    state = {"depth": depth_of(sys._getframe()), "max": 0}
-
-    def profile(frame, event, arg):
-        if event == "call":
-            state["depth"] += 1
-            state["max"] = max(state["max"], state["depth"])
-        elif event == "return":
-            state["depth"] -= 1
-
-    sys.setprofile(profile)
-    try:
-        for _ in range(iterations):
-            work()
-    finally:
-        sys.setprofile(None)
-    return state["max"]
-
-
-def main():
-    ready = sys.argv[1]
-    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    # `deepest` adds its own frame under `work`; the loop calls `work` from `main`.
-    max_depth = deepest(2) - 1
-    tmp = ready + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(
-            {
-                "pid": os.getpid(),
-                "max_depth": max_depth,
-                "version": "%d.%d.%d" % sys.version_info[:3],
-            },
-            f,
-        )
-    os.rename(tmp, ready)
-    deadline = None if seconds is None else time.monotonic() + seconds
-    while deadline is None or time.monotonic() < deadline:
-        work()
-
-
 if __name__ == "__main__":
-    main()
+    run(work)

@@ -185,11 +185,14 @@ fn start(ctx: &Ctx, name: &str, script: &str, dir: &Path) -> Result<(Proc, serde
             None => p.display().to_string(),
         }
     };
-    let src = crate::sh::workspace_root()
-        .join("tests/workloads/realworld")
-        .join(script);
+    let workloads = crate::sh::workspace_root().join("tests/workloads/realworld");
+    // The script and the loop protocol it imports.
+    for file in [script, "measured_loop.py"] {
+        let src = workloads.join(file);
+        std::fs::copy(&src, dir.join(file))
+            .with_context(|| format!("copying {}", src.display()))?;
+    }
     let installed = dir.join(script);
-    std::fs::copy(&src, &installed).with_context(|| format!("copying {}", src.display()))?;
     let ready = dir.join(format!("{name}-{script}.ready"));
     let _ = std::fs::remove_file(&ready);
     let site_seen = match &root {
