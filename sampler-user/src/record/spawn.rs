@@ -274,11 +274,18 @@ pub fn spawn_held(cmd: &[String], run_as: Option<&RunAs>) -> io::Result<HeldChil
     let ids = run_as.map(|r| (r.user.uid, r.user.gid));
     let (release_r, release_w) = pipe()?;
     let (error_r, error_w) = pipe()?;
-    // SAFETY: the child calls only async-signal-safe functions (read, write, setgroups,
-    // setgid, setuid, execve, _exit) on data prepared before the fork.
+    // Every signal is blocked across the fork, so none reaches the child before it has reset
+    // its handlers (see `reset_handlers`); the child restores the mask, then gets what came.
+    let old_mask = block_all_signals();
+    // SAFETY: the child calls only async-signal-safe functions (sigaction, signal,
+    // pthread_sigmask, read, write, setgroups, setgid, setuid, execve, _exit) on data prepared
+    // before the fork.
     let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        let e = io::Error::last_os_error();
+    let fork_error = (pid < 0).then(io::Error::last_os_error);
+    if pid != 0 {
+        set_mask(&old_mask);
+    }
+    if let Some(e) = fork_error {
         // SAFETY: closing the pipes we created.
         unsafe {
             for fd in [release_r, release_w, error_r, error_w] {
@@ -290,6 +297,8 @@ pub fn spawn_held(cmd: &[String], run_as: Option<&RunAs>) -> io::Result<HeldChil
     if pid == 0 {
         // SAFETY: see above; every pointer refers to memory prepared before the fork.
         unsafe {
+            reset_handlers();
+            set_mask(&old_mask);
             libc::close(release_w);
             libc::close(error_r);
             let mut b = 0u8;
@@ -337,6 +346,43 @@ pub fn spawn_held(cmd: &[String], run_as: Option<&RunAs>) -> io::Result<HeldChil
     })
 }
 
+/// Blocks every signal in the calling thread; returns the mask it had.
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: plain libc calls on local signal sets.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&raw mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, &raw mut old);
+        old
+    }
+}
+
+/// Sets the calling thread's signal mask (async-signal-safe: the forked child calls it).
+fn set_mask(mask: &libc::sigset_t) {
+    // SAFETY: `mask` is a valid signal set.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
+/// In the forked child: what `execve` does to handlers, done before the hold. A handled signal
+/// gets its default action back, an ignored one stays ignored (as `nohup` expects). Without
+/// it, a Ctrl-C while the command is held would run pyebpf's inherited handler in the child
+/// and be lost, where after `execve` it would end the command. Async-signal-safe.
+fn reset_handlers() {
+    for sig in 1..=libc::SIGRTMAX() {
+        // SAFETY: sigaction only reads into `old`; signal() sets a default action.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &raw mut old) == 0
+                && old.sa_sigaction != libc::SIG_IGN
+                && old.sa_sigaction != libc::SIG_DFL
+            {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
 fn pipe() -> io::Result<(libc::c_int, libc::c_int)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two fds into the array.
@@ -368,6 +414,20 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(c.status(), Some(ExitStatus::Code(3)));
+    }
+
+    /// `record` installs its Ctrl-C handlers before it spawns the command, and a Ctrl-C can
+    /// come while the command is still held before `execve`: it must end the command as it
+    /// would after (the fork's inherited handler used to swallow it; the command then ran on
+    /// until SIGKILL). Also what made `stop_sends_sigint_then_sigterm` fail under load, when the
+    /// test process had installed the handlers and the child had not reached `execve` yet.
+    #[test]
+    fn a_held_command_takes_a_signal_as_after_exec() {
+        crate::record::signals::install();
+        let mut c = spawn_held(&cmd(&["sleep", "60"]), None).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(c.stop(), ExitStatus::Signal(libc::SIGINT));
+        assert!(t0.elapsed() < GRACE, "{:?}", t0.elapsed());
     }
 
     #[test]
