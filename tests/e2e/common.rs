@@ -2,6 +2,7 @@
 //! the prerequisite policy (fail under CI, loud skip elsewhere), and process handling.
 #![allow(dead_code, reason = "helpers are shared by several test modules")]
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -90,6 +91,17 @@ impl Interpreter {
             None => Command::new(&self.python),
         };
         c.args(args).stdin(Stdio::null());
+        // The tests signal their workloads (SIGQUIT for a kernel core, SIGINT) and expect the
+        // default actions, even when the suite itself was started with them ignored (a
+        // background job of a script).
+        // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         c
     }
 }

@@ -146,7 +146,26 @@ enum Cmd {
     },
 }
 
+/// Gives SIGINT and SIGQUIT their default action back if they arrive ignored. A background job
+/// of a non-interactive shell (`cmd &` in a script, as a CI runner may start us) starts with
+/// both ignored, and every process we start would inherit that: the tests send them to their
+/// workloads (SIGQUIT for a kernel core, SIGINT for Ctrl-C) and would wait forever.
+fn default_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: sigaction only reads into `old`; signal() sets a default action.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &raw mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+            {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
 fn main() {
+    default_stop_signals();
     // One line per error (with its causes), not anyhow's backtrace: cargo sets RUST_BACKTRACE
     // for `cargo run`, and CI logs are read by people.
     if let Err(e) = run(Cli::parse()) {
