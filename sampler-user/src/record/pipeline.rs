@@ -276,7 +276,7 @@ impl Pipeline {
 
     /// The end of the run: the stages' reports.
     pub fn finish(self) -> Finished {
-        let mut failures = self.builder.failures().clone();
+        let mut failures = self.builder.failures();
         failures.merge(&procs_failures(&self.registry));
         Finished {
             mismatches: self

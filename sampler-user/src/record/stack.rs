@@ -101,8 +101,6 @@ pub struct StackBuilder {
     /// tid → (name, its id, its `--threads` frame).
     thread_names: Lru<u32, (Arc<str>, NameId, Option<FrameId>)>,
     failures: Failures,
-    /// Files whose unwind sections the unwinder withheld, as already counted in `failures`.
-    withheld_counted: u64,
     mismatches: FastMap<u32, u64>,
     scratch: Vec<FrameId>,
     native_scratch: Vec<NativeItem<FrameId>>,
@@ -121,16 +119,21 @@ impl StackBuilder {
             roots: Lru::new(MAX_NAMES),
             thread_names: Lru::new(MAX_NAMES),
             failures: Failures::default(),
-            withheld_counted: 0,
             mismatches: FastMap::default(),
             scratch: Vec::new(),
             native_scratch: Vec::new(),
         }
     }
 
-    /// Failures counted by this stage.
-    pub fn failures(&self) -> &Failures {
-        &self.failures
+    /// Failures counted by this stage, with the files whose unwind sections the unwinder
+    /// withheld (counted once per load, by the unwinder: not a per-sample count).
+    pub fn failures(&self) -> Failures {
+        let mut f = self.failures.clone();
+        f.add(
+            Failure::Unwind(UnwindFailure::UnsafeUnwindInfo),
+            self.unwinder.stats().modules.unsafe_unwind_info,
+        );
+        f
     }
 
     /// Merge mismatches by pid.
@@ -354,15 +357,6 @@ impl StackBuilder {
             .unwind(registry, s.pid, &s.regs, copy, MAX_NATIVE_FRAMES);
         if let Some(e) = &native.error {
             self.failures.one(Failure::Unwind(e.kind()));
-        }
-        // A file whose unwind section was withheld (counted once per load).
-        let withheld = self.unwinder.stats().modules.unsafe_unwind_info;
-        if withheld > self.withheld_counted {
-            self.failures.add(
-                Failure::Unwind(UnwindFailure::UnsafeUnwindInfo),
-                withheld - self.withheld_counted,
-            );
-            self.withheld_counted = withheld;
         }
         let Some(proc) = registry.get(s.pid) else {
             return native.truncated;

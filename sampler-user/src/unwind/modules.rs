@@ -162,8 +162,6 @@ pub struct ModuleStats {
     /// Files whose `.eh_frame`/`.debug_frame` was withheld from framehop: an expression that
     /// branches or is too long (see [`cfi_guard`]); they unwind with frame pointers.
     pub unsafe_unwind_info: u64,
-    /// Files whose `.eh_frame_hdr` table was withheld (it names an FDE the check did not see).
-    pub hdr_withheld: u64,
 }
 
 /// Our own vDSO image, read at most once.
@@ -250,10 +248,8 @@ impl ModuleBuilder {
         let data = if let Some(elf) = opened.elf {
             let d = FileUnwindData::load(&opened.file, elf);
             self.stats.files_loaded += 1;
-            match d.withheld() {
-                Some(Verdict::Unsafe) => self.stats.unsafe_unwind_info += 1,
-                Some(Verdict::WithoutHdr) => self.stats.hdr_withheld += 1,
-                Some(Verdict::Safe) | None => {}
+            if d.withheld() == Some(Verdict::Unsafe) {
+                self.stats.unsafe_unwind_info += 1;
             }
             if !d.has_unwind_info() {
                 self.stats.no_unwind_info += 1;
