@@ -372,6 +372,12 @@ pub mod py_flags {
     /// its `previous` pointed at itself. A frame being pushed at the sample instant (3.11/3.12
     /// link a new activation's first frame into the chain in two stores) shows this way.
     pub const INVALID_FRAME: u32 = 1 << 5;
+    /// With [`INVALID_FRAME`]: the frame it stopped at had a code object pointer that could
+    /// not be read. A garbage pointer and a page that was not present at the sample instant
+    /// (swapped out, being migrated by compaction, being collapsed into a huge page) look the
+    /// same to `bpf_probe_read_user`, which cannot fault a page in; the flag tells either from
+    /// a frame whose readable header failed the checks.
+    pub const CODE_UNREADABLE: u32 = 1 << 6;
 }
 
 /// The Python part of a sample of a known Python process. Follows the stack bytes in the
@@ -629,10 +635,13 @@ pub enum Counter {
     /// Python-process samples whose walk stopped at an invalid frame
     /// (`py_flags::INVALID_FRAME`).
     PyInvalidFrames = 26,
+    /// Of [`Counter::PyInvalidFrames`]: samples whose invalid frame's code object could not be
+    /// read (`py_flags::CODE_UNREADABLE`).
+    PyCodeUnreadable = 27,
 }
 
 /// Number of counters (length of the `COUNTERS` array).
-pub const COUNTERS_LEN: u32 = 27;
+pub const COUNTERS_LEN: u32 = 28;
 
 impl Counter {
     /// Every counter, in index order.
@@ -664,6 +673,7 @@ impl Counter {
         Counter::OffCpuMapFull,
         Counter::KernelStackCollisions,
         Counter::PyInvalidFrames,
+        Counter::PyCodeUnreadable,
     ];
 
     /// Short, stable name for summaries.
@@ -697,6 +707,7 @@ impl Counter {
             Counter::OffCpuMapFull => "offcpu_map_full",
             Counter::KernelStackCollisions => "kernel_stack_collisions",
             Counter::PyInvalidFrames => "py_invalid_frames",
+            Counter::PyCodeUnreadable => "py_code_unreadable",
         }
     }
 }

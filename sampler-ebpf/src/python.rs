@@ -19,7 +19,8 @@
 //! `docs/cpython-layouts.md` §3.5): an `owner` above `owner_max`, or — for a frame that is no
 //! entry frame — a code object that is misaligned, unreadable (one more read, of
 //! `code_read_bytes`) or not of type `code_type`, is invalid: the walk stops there
-//! (`INVALID_FRAME`); with the code object's name, file name and first line and the module
+//! (`INVALID_FRAME`, plus `CODE_UNREADABLE` when the code object's read failed: a page that
+//! is not present at the sample instant fails as a garbage pointer does); with the code object's name, file name and first line and the module
 //! namespace of module-level code recorded, so that user space can tell (and name) a code
 //! object freed before it reads it.
 //!
@@ -81,6 +82,8 @@ pub const LOOP_STOP: i64 = 1;
 /// would then hand it to `bpf_loop` unchecked, and the verifier wants to see that range).
 const STEP_READ_ERROR: i64 = 2;
 const STEP_INVALID: i64 = 3;
+/// Invalid: the code object pointer is aligned but its read failed (`CODE_UNREADABLE`).
+const STEP_CODE_UNREADABLE: i64 = 4;
 /// `gil_locked` / `gil_enabled` when unknown or not applicable; `gil_holder` is then 0.
 const GIL_UNKNOWN: i32 = -1;
 /// Index masks into one half of the scratch buffer for 8-, 4- and 1-byte fields.
@@ -644,6 +647,10 @@ pub fn frame_step(index: u64) -> i64 {
     }
     walk.flags |= if stop == STEP_READ_ERROR {
         py_flags::READ_ERROR
+    } else if stop == STEP_CODE_UNREADABLE {
+        // Once per sample: the walk stops here. Counted here, off the common path.
+        count(Counter::PyCodeUnreadable);
+        py_flags::INVALID_FRAME | py_flags::CODE_UNREADABLE
     } else {
         py_flags::INVALID_FRAME
     };
@@ -691,8 +698,9 @@ fn read_frame(walk: &mut FrameWalk, scratch: *mut u64, record: *mut PyFrameRecor
         0
     } else {
         let code = executable & !walk.tag_mask;
-        if !read_code(walk, scratch, code) {
-            return STEP_INVALID;
+        let read = read_code(walk, scratch, code);
+        if read != LOOP_CONTINUE {
+            return read;
         }
         // SAFETY: the second half starts inside the scratch value (`read_code`).
         let half = unsafe { scratch.add(SCRATCH_HALF_WORDS) };
@@ -733,12 +741,12 @@ fn read_frame(walk: &mut FrameWalk, scratch: *mut u64, record: *mut PyFrameRecor
     LOOP_CONTINUE
 }
 
-/// Reads the code object at `code` into the scratch buffer's second half: false when it is
-/// NULL, misaligned or unreadable.
+/// Reads the code object at `code` into the scratch buffer's second half: `LOOP_CONTINUE`,
+/// `STEP_INVALID` when it is NULL or misaligned, `STEP_CODE_UNREADABLE` when the read failed.
 #[inline(always)]
-fn read_code(walk: &FrameWalk, scratch: *mut u64, code: u64) -> bool {
+fn read_code(walk: &FrameWalk, scratch: *mut u64, code: u64) -> i64 {
     if code == 0 || code & 7 != 0 {
-        return false;
+        return STEP_INVALID;
     }
     // SAFETY: the second half of the scratch value holds `SCRATCH_HALF_WORDS * 8` bytes, more
     // than the masked length; the source is a target address the helper validates.
@@ -750,7 +758,11 @@ fn read_code(walk: &FrameWalk, scratch: *mut u64, code: u64) -> bool {
             code as *const c_void,
         )
     };
-    ret == 0
+    if ret == 0 {
+        LOOP_CONTINUE
+    } else {
+        STEP_CODE_UNREADABLE
+    }
 }
 
 /// The last word of a `PyFrameRecord`: `tlbc_index` (bytes 0-3), `owner` (byte 4),

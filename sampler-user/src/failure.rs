@@ -76,6 +76,9 @@ pub enum PyFailure {
     KernelReadError,
     /// The kernel walk stopped at an invalid frame (the frames above it are kept).
     InvalidFrame,
+    /// Of [`PyFailure::InvalidFrame`]: the invalid frame's code object could not be read
+    /// (`py_flags::CODE_UNREADABLE`: a garbage pointer, or a page not present at the sample).
+    CodeUnreadable,
     /// `--gil`: the GIL words could not be read with the sample.
     GilUnknown,
     /// `--native`: no eval-loop ranges for the interpreter (the merge cannot place Python).
@@ -99,6 +102,7 @@ impl PyFailure {
             PyFailure::NotCaptured,
             PyFailure::KernelReadError,
             PyFailure::InvalidFrame,
+            PyFailure::CodeUnreadable,
             PyFailure::GilUnknown,
             PyFailure::EvalRangesMissing,
             PyFailure::EvalRangesIncomplete,
@@ -117,6 +121,7 @@ impl PyFailure {
             PyFailure::NotCaptured => "not_captured",
             PyFailure::KernelReadError => "kernel_read_error",
             PyFailure::InvalidFrame => "invalid_frame",
+            PyFailure::CodeUnreadable => "code_unreadable",
             PyFailure::GilUnknown => "gil_unknown",
             PyFailure::EvalRangesMissing => "eval_ranges_missing",
             PyFailure::EvalRangesIncomplete => "eval_ranges_incomplete",
@@ -163,7 +168,7 @@ pub enum Failure {
 
 /// The kernel counters that mean data was lost or degraded (`PyNoTstate` is not one: a Python
 /// process's non-Python threads have no thread state by nature).
-pub const KERNEL_FAILURES: [Counter; 16] = [
+pub const KERNEL_FAILURES: [Counter; 17] = [
     Counter::LostSamples,
     Counter::LostProcEvents,
     Counter::NoUserRegs,
@@ -178,6 +183,7 @@ pub const KERNEL_FAILURES: [Counter; 16] = [
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
     Counter::PyInvalidFrames,
+    Counter::PyCodeUnreadable,
     Counter::OffCpuLost,
     Counter::OffCpuMapFull,
 ];

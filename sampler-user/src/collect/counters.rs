@@ -17,7 +17,7 @@ pub struct CounterTotals {
 }
 
 /// Kernel counters of the in-kernel Python walk.
-const PYTHON_COUNTERS: [Counter; 9] = [
+const PYTHON_COUNTERS: [Counter; 10] = [
     Counter::PySamples,
     Counter::PyNoTstate,
     Counter::PyReadErrors,
@@ -27,6 +27,7 @@ const PYTHON_COUNTERS: [Counter; 9] = [
     Counter::PyBadProcInfo,
     Counter::PyPidNsErrors,
     Counter::PyInvalidFrames,
+    Counter::PyCodeUnreadable,
 ];
 
 impl CounterTotals {

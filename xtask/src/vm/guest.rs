@@ -44,8 +44,8 @@ pub struct Step {
 /// every record variant (`variant-load:` lines), the probes agree with the kernel, kernel-mode
 /// samples get the task's saved user registers (the code that differs most between variants),
 /// a foreign pid namespace (`bpf_get_ns_current_pid_tgid`), truncation at the full 256-frame
-/// budget, the per-frame checks that stop a walk at an invalid frame (both program variants
-/// where the kernel has `bpf_loop`). (The other collector tests check logic that does not depend on the kernel; the
+/// budget, the per-frame checks that stop a walk at an invalid frame and the flag for an
+/// unreadable code object (both program variants where the kernel has `bpf_loop`). (The other collector tests check logic that does not depend on the kernel; the
 /// e2e set below covers exact stacks.)
 pub const UNIT_TESTS: &[&str] = &[
     "collect::root_tests::loads_every_variant_at_every_stack_size_class",
@@ -54,6 +54,7 @@ pub const UNIT_TESTS: &[&str] = &[
     "collect::python_tests::kernel_capture_translates_tids_of_a_foreign_pid_namespace",
     "collect::python_tests::kernel_capture_truncates_beyond_the_frame_budget",
     "collect::python_tests::kernel_stops_at_the_first_invalid_frame",
+    "collect::python_tests::kernel_flags_an_unreadable_code_object",
     "collect::offcpu_tests::offcpu_program_loads_in_every_supported_variant",
 ];
 

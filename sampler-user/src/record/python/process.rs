@@ -243,6 +243,9 @@ impl PyProc {
         }
         if invalid {
             self.stats.count(PyFailure::InvalidFrame);
+            if cap.flags & py_flags::CODE_UNREADABLE != 0 {
+                self.stats.count(PyFailure::CodeUnreadable);
+            }
         }
         // Reader failures are counted once per sample and kind, after the walk.
         let before = self.process.error_counts().clone();
