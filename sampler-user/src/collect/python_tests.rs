@@ -729,89 +729,103 @@ fn kernel_stops_at_the_first_invalid_frame() {
             (good, 7..=7, "valid"),
         ];
         for (info, frames, what) in cases {
-            procs.insert(pid, &info).unwrap();
-            // Samples taken before the swap may still wait in the ring (under an emulated
-            // kernel, many): only those taken after it count.
-            // The counters first: every sample after `swapped` is then in their difference.
-            let before = collector.counters().unwrap();
-            let swapped = crate::record::monotonic_ns();
-            // A sample that began before the swap may still be counting when `before` is read
-            // (under TCG a sample takes ~50 µs): with the old entry. Once a capture taken after
-            // the swap has come, none is: a sample runs in an interrupt of the spinner's CPU,
-            // and the spinner runs again only after it.
-            let (mut caps, mut earlier) = captures_after_n(&mut collector, pid, swapped, 1);
-            let settled = collector.counters().unwrap();
-            let (more, more_earlier) =
-                captures_after_n(&mut collector, pid, swapped, 60 - caps.len().min(60));
-            caps.extend(more);
-            earlier += more_earlier;
-            let after = collector.counters().unwrap();
-            let delta = |c: Counter| after.get(c) - before.get(c);
-            let invalid = delta(Counter::PyInvalidFrames);
-            let unreadable = delta(Counter::PyCodeUnreadable);
-            // A read of a page that is not present at the sample instant fails, whatever the
-            // entry says: the kernel moves a process's pages under it (Debian's kernels collapse
-            // anonymous memory into huge pages by default; compaction migrates it; swap). Such
-            // a sample is flagged as such (`CODE_UNREADABLE`, or `READ_ERROR` for a frame) and
-            // is no test of the entry; it must stay rare. (6.1 under TCG showed one, a valid
-            // 3.12 stack with 0 frames; `MADV_PAGEOUT` of the spinner's heap in a loop makes
-            // nearly every sample one.)
-            let (transient, late): (Vec<_>, Vec<_>) = caps
-                .iter()
-                .partition(|c| c.flags & (py_flags::CODE_UNREADABLE | py_flags::READ_ERROR) != 0);
-            assert!(late.len() >= 30, "{variant} {what}: {} samples", late.len());
-            assert!(
-                transient.len() * 10 <= caps.len(),
-                "{variant} {what}: {} of {} samples with an unreadable page",
-                transient.len(),
-                caps.len()
+            check_invalid_frame_case(
+                &mut collector,
+                &mut procs,
+                pid,
+                (variant, info, frames, what),
             );
-            let unreadable_seen = transient
-                .iter()
-                .filter(|c| c.flags & py_flags::CODE_UNREADABLE != 0)
-                .count() as u64;
-            assert!(
-                unreadable >= unreadable_seen,
-                "{variant} {what}: {unreadable} counted unreadable, {unreadable_seen} seen"
-            );
-            let valid = what == "valid";
-            for cap in late.iter().copied() {
-                let n = cap.frames.len();
-                assert_eq!(
-                    cap.flags & py_flags::INVALID_FRAME != 0,
-                    !valid,
-                    "{variant} {what}: flags {:#x}, {n} frames",
-                    cap.flags
-                );
-                assert!(frames.contains(&n), "{variant} {what}: {n} frames");
-                assert!(cap.flags & py_flags::TRUNCATED == 0, "{variant} {what}");
-                if !valid {
-                    assert!(cap.frames.iter().all(|f| f.owner <= 2), "{variant} {what}");
-                }
-            }
-            if valid {
-                // Every sample counted since `settled` used the valid entry; only a page in
-                // transit may make one invalid. (Saturating: a sample between the two
-                // counters' reads at `after`.)
-                let since = |c: Counter| after.get(c) - settled.get(c);
-                assert_eq!(
-                    since(Counter::PyInvalidFrames)
-                        .saturating_sub(since(Counter::PyCodeUnreadable)),
-                    0,
-                    "{variant}: valid frames counted invalid"
-                );
-            } else {
-                // The counter also counts the invalid samples taken before the swap (the
-                // previous case's, when it was invalid too).
-                assert!(
-                    invalid >= late.len() as u64 && invalid <= (caps.len() + earlier) as u64 * 2,
-                    "{variant} {what}: {invalid} counted for {} samples (one per sample)",
-                    caps.len()
-                );
-            }
         }
     }
     drop(spinner);
+}
+
+/// One case of [`kernel_stops_at_the_first_invalid_frame`]: `info` put in `PY_PROCS`, then
+/// the captures taken after it have `frames` frames and are invalid unless `what` is "valid".
+fn check_invalid_frame_case(
+    collector: &mut Collector,
+    procs: &mut super::PythonProcMap,
+    pid: u32,
+    (variant, info, frames, what): (&str, PyProcInfo, std::ops::RangeInclusive<usize>, &str),
+) {
+    procs.insert(pid, &info).unwrap();
+    // Samples taken before the swap may still wait in the ring (under an emulated
+    // kernel, many): only those taken after it count.
+    // The counters first: every sample after `swapped` is then in their difference.
+    let before = collector.counters().unwrap();
+    let swapped = crate::record::monotonic_ns();
+    // A sample that began before the swap may still be counting when `before` is read
+    // (under TCG a sample takes ~50 µs): with the old entry. Once a capture taken after
+    // the swap has come, none is: a sample runs in an interrupt of the spinner's CPU,
+    // and the spinner runs again only after it.
+    let (mut caps, mut earlier) = captures_after_n(collector, pid, swapped, 1);
+    let settled = collector.counters().unwrap();
+    let (more, more_earlier) = captures_after_n(collector, pid, swapped, 60 - caps.len().min(60));
+    caps.extend(more);
+    earlier += more_earlier;
+    let after = collector.counters().unwrap();
+    let delta = |c: Counter| after.get(c) - before.get(c);
+    let invalid = delta(Counter::PyInvalidFrames);
+    let unreadable = delta(Counter::PyCodeUnreadable);
+    // A read of a page that is not present at the sample instant fails, whatever the
+    // entry says: the kernel moves a process's pages under it (Debian's kernels collapse
+    // anonymous memory into huge pages by default; compaction migrates it; swap). Such
+    // a sample is flagged as such (`CODE_UNREADABLE`, or `READ_ERROR` for a frame) and
+    // is no test of the entry; it must stay rare. (6.1 under TCG showed one, a valid
+    // 3.12 stack with 0 frames; `MADV_PAGEOUT` of the spinner's heap in a loop makes
+    // nearly every sample one.)
+    let (transient, late): (Vec<_>, Vec<_>) = caps
+        .iter()
+        .partition(|c| c.flags & (py_flags::CODE_UNREADABLE | py_flags::READ_ERROR) != 0);
+    assert!(late.len() >= 30, "{variant} {what}: {} samples", late.len());
+    assert!(
+        transient.len() * 10 <= caps.len(),
+        "{variant} {what}: {} of {} samples with an unreadable page",
+        transient.len(),
+        caps.len()
+    );
+    let unreadable_seen = transient
+        .iter()
+        .filter(|c| c.flags & py_flags::CODE_UNREADABLE != 0)
+        .count() as u64;
+    assert!(
+        unreadable >= unreadable_seen,
+        "{variant} {what}: {unreadable} counted unreadable, {unreadable_seen} seen"
+    );
+    let valid = what == "valid";
+    for cap in late.iter().copied() {
+        let n = cap.frames.len();
+        assert_eq!(
+            cap.flags & py_flags::INVALID_FRAME != 0,
+            !valid,
+            "{variant} {what}: flags {:#x}, {n} frames",
+            cap.flags
+        );
+        assert!(frames.contains(&n), "{variant} {what}: {n} frames");
+        assert!(cap.flags & py_flags::TRUNCATED == 0, "{variant} {what}");
+        if !valid {
+            assert!(cap.frames.iter().all(|f| f.owner <= 2), "{variant} {what}");
+        }
+    }
+    if valid {
+        // Every sample counted since `settled` used the valid entry; only a page in
+        // transit may make one invalid. (Saturating: a sample between the two
+        // counters' reads at `after`.)
+        let since = |c: Counter| after.get(c) - settled.get(c);
+        assert_eq!(
+            since(Counter::PyInvalidFrames).saturating_sub(since(Counter::PyCodeUnreadable)),
+            0,
+            "{variant}: valid frames counted invalid"
+        );
+    } else {
+        // The counter also counts the invalid samples taken before the swap (the
+        // previous case's, when it was invalid too).
+        assert!(
+            invalid >= late.len() as u64 && invalid <= (caps.len() + earlier) as u64 * 2,
+            "{variant} {what}: {invalid} counted for {} samples (one per sample)",
+            caps.len()
+        );
+    }
 }
 
 /// The main thread spins in `hide` called from `big`, whose code object (over 200 KiB, so

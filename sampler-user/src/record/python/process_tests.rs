@@ -274,31 +274,35 @@ fn captured_frames_resolve_into_two_activations() {
             p.stats.full, 3,
             "{name}: a sample with an unknown frame is not full"
         );
-        // The kernel stopped at an invalid frame: the frames above it, marked truncated and
-        // invalid, counted; as the cause of it, an unreadable code object is counted too.
-        for (flags, unreadable) in [
-            (py_flags::INVALID_FRAME, 0),
-            (py_flags::INVALID_FRAME | py_flags::CODE_UNREADABLE, 1),
-        ] {
-            let mut cut = cap.clone();
-            cut.flags |= flags;
-            cut.frames.truncate(2);
-            let before = p.stats.clone();
-            let s = p.resolve(&cut, &mut profile);
-            assert!(s.invalid && s.truncated, "{name}: {flags:#x}");
-            let counted = |k| p.stats.errors.get(&k).copied().unwrap_or(0);
-            let was = |k| before.errors.get(&k).copied().unwrap_or(0);
-            assert_eq!(
-                counted(PyFailure::InvalidFrame) - was(PyFailure::InvalidFrame),
-                1,
-                "{name}: {flags:#x}"
-            );
-            assert_eq!(
-                counted(PyFailure::CodeUnreadable) - was(PyFailure::CodeUnreadable),
-                unreadable,
-                "{name}: {flags:#x}"
-            );
-        }
+        invalid_frames_are_counted(&mut p, &cap, &mut profile, name);
+    }
+}
+
+/// A capture the kernel stopped at an invalid frame: the frames above it, marked truncated
+/// and invalid, counted; as the cause of it, an unreadable code object is counted too.
+fn invalid_frames_are_counted(p: &mut PyProc, cap: &PyCaptured, profile: &mut Profile, name: &str) {
+    for (flags, unreadable) in [
+        (py_flags::INVALID_FRAME, 0),
+        (py_flags::INVALID_FRAME | py_flags::CODE_UNREADABLE, 1),
+    ] {
+        let mut cut = cap.clone();
+        cut.flags |= flags;
+        cut.frames.truncate(2);
+        let before = p.stats.clone();
+        let s = p.resolve(&cut, profile);
+        assert!(s.invalid && s.truncated, "{name}: {flags:#x}");
+        let counted = |k| p.stats.errors.get(&k).copied().unwrap_or(0);
+        let was = |k| before.errors.get(&k).copied().unwrap_or(0);
+        assert_eq!(
+            counted(PyFailure::InvalidFrame) - was(PyFailure::InvalidFrame),
+            1,
+            "{name}: {flags:#x}"
+        );
+        assert_eq!(
+            counted(PyFailure::CodeUnreadable) - was(PyFailure::CodeUnreadable),
+            unreadable,
+            "{name}: {flags:#x}"
+        );
     }
 }
 
