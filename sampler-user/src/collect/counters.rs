@@ -133,7 +133,7 @@ mod tests {
             "only the counters that mean loss or error, only when not 0"
         );
         let python: Vec<_> = totals.python().map(|(n, _)| n).collect();
-        assert_eq!(python.len(), 9);
+        assert_eq!(python.len(), 10);
         assert!(python.iter().all(|n| n.starts_with("py_")));
         // Every `py_*` counter is listed as a Python counter.
         let named = Counter::ALL
