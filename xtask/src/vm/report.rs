@@ -32,6 +32,8 @@ pub struct Row {
     took: Duration,
     error: Option<String>,
     out: String,
+    /// Said at the end of the line (a retried boot).
+    note: Option<String>,
 }
 
 impl Row {
@@ -52,6 +54,7 @@ impl Row {
             took,
             error: None,
             out: out.display().to_string(),
+            note: None,
         }
     }
 
@@ -65,7 +68,15 @@ impl Row {
             took,
             error: Some(error.to_owned()),
             out: String::new(),
+            note: None,
         }
+    }
+
+    /// The row with `note` at the end of its line.
+    #[must_use]
+    pub fn with_note(mut self, note: String) -> Row {
+        self.note = Some(note);
+        self
     }
 
     /// `5.10  PASS 5.10.0-46-amd64: 31 tests passed, 0 failed; variant bounded, …`.
@@ -104,6 +115,9 @@ impl Row {
         if !self.passed {
             let _ = write!(line, "; logs: {}", self.out);
         }
+        if let Some(note) = &self.note {
+            let _ = write!(line, "; {note}");
+        }
         line
     }
 
@@ -125,6 +139,26 @@ impl Row {
                 log.display()
             );
             for l in &lines[from..] {
+                let _ = writeln!(text, "    {l}");
+            }
+        }
+        // A guest whose kernel died: the start of its oops (no step says anything).
+        let console = Path::new(&self.out).join("console.log");
+        let console_text = std::fs::read_to_string(&console).unwrap_or_default();
+        let lines: Vec<&str> = console_text.lines().collect();
+        if let Some(at) = lines
+            .iter()
+            .position(|l| l.contains("Oops:") || l.contains("BUG:") || l.contains("Kernel panic"))
+        {
+            let to = (at + 30).min(lines.len());
+            let _ = writeln!(
+                text,
+                "---- {}: the guest's kernel died; lines {}-{to} of {}:",
+                self.name,
+                at + 1,
+                console.display()
+            );
+            for l in &lines[at..to] {
                 let _ = writeln!(text, "    {l}");
             }
         }
