@@ -20,9 +20,9 @@
 //! entry frame — a code object that is misaligned, unreadable (one more read, of
 //! `code_read_bytes`) or not of type `code_type`, is invalid: the walk stops there
 //! (`INVALID_FRAME`, plus `CODE_UNREADABLE` when the code object's read failed: a page that
-//! is not present at the sample instant fails as a garbage pointer does); with the code object's name, file name and first line and the module
-//! namespace of module-level code recorded, so that user space can tell (and name) a code
-//! object freed before it reads it.
+//! is not present at the sample instant fails as a garbage pointer does); with the code
+//! object's name, file name and first line and the module namespace of module-level code
+//! recorded, so that user space can tell (and name) a code object freed before it reads it.
 //!
 //! Sub-interpreters: a thread can have a thread state in several interpreters. The first match
 //! with a frame wins; a match without one (3.12's `_xxsubinterpreters` keeps a sub-interpreter's

@@ -670,6 +670,25 @@ fn captures_after(
     captures_after_n(collector, pid, since, 60)
 }
 
+/// A collector sampling `pid` at 499 Hz with program `variant`, and its `PY_PROCS` handle;
+/// `None` for `bpf_loop` on a kernel without it.
+fn collector_of_variant(pid: u32, variant: &str) -> Option<(Collector, super::PythonProcMap)> {
+    let cfg = CollectConfig {
+        frequency_hz: 499,
+        pids: vec![pid],
+        filter_pids: true,
+        variant: super::VariantChoice::Named(variant.into()),
+        ..CollectConfig::default()
+    };
+    let mut collector = match Collector::start(&cfg) {
+        Ok(c) => c,
+        Err(e) if variant == "bpf_loop" && e.to_string().contains("bpf_loop") => return None,
+        Err(e) => panic!("{variant}: {e}"),
+    };
+    let procs = collector.take_python_procs().unwrap();
+    Some((collector, procs))
+}
+
 /// Issue 17: the walk checks every frame and stops at the first invalid one, in both program
 /// variants: with `PyCode_Type` at a wrong address no frame's code object passes (no frame
 /// recorded, `INVALID_FRAME` set, `PyInvalidFrames` counted once per sample); with the
@@ -693,20 +712,10 @@ fn kernel_stops_at_the_first_invalid_frame() {
     assert_ne!(good.code_type, 0, "PyCode_Type is exported by every build");
     let pid = spinner.host_pid;
     for variant in ["bpf_loop", "bounded"] {
-        let cfg = CollectConfig {
-            frequency_hz: 499,
-            pids: vec![pid],
-            filter_pids: true,
-            variant: super::VariantChoice::Named(variant.into()),
-            ..CollectConfig::default()
-        };
-        let mut collector = match Collector::start(&cfg) {
-            Ok(c) => c,
+        let Some((mut collector, mut procs)) = collector_of_variant(pid, variant) else {
             // `bpf_loop` needs 5.17: an older kernel runs only the bounded variant.
-            Err(e) if variant == "bpf_loop" && e.to_string().contains("bpf_loop") => continue,
-            Err(e) => panic!("{variant}: {e}"),
+            continue;
         };
-        let mut procs = collector.take_python_procs().unwrap();
         let cases = [
             (
                 PyProcInfo {
@@ -906,20 +915,10 @@ fn kernel_flags_an_unreadable_code_object() {
     let reader = PythonProcess::attach(pid).unwrap();
     let info = proc_info(&reader);
     for variant in ["bpf_loop", "bounded"] {
-        let cfg = CollectConfig {
-            frequency_hz: 499,
-            pids: vec![pid],
-            filter_pids: true,
-            variant: super::VariantChoice::Named(variant.into()),
-            ..CollectConfig::default()
-        };
-        let mut collector = match Collector::start(&cfg) {
-            Ok(c) => c,
+        let Some((mut collector, mut procs)) = collector_of_variant(pid, variant) else {
             // `bpf_loop` needs 5.17: an older kernel runs only the bounded variant.
-            Err(e) if variant == "bpf_loop" && e.to_string().contains("bpf_loop") => continue,
-            Err(e) => panic!("{variant}: {e}"),
+            continue;
         };
-        let mut procs = collector.take_python_procs().unwrap();
         procs.insert(pid, &info).unwrap();
         let before = collector.counters().unwrap();
         let since = crate::record::monotonic_ns();
